@@ -1,0 +1,138 @@
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_check.cuh"
+#include "device.hpp"
+#include "problem.hpp"
+
+namespace fl::gpu {
+
+bool built_with_cuda() { return true; }
+
+bool available(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    if (why)
+      *why = e != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")"
+                              : std::string("no CUDA device on this machine");
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  cudaDeviceProp p{};
+  FL_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+  if (p.major < 8) {
+    if (why) *why = std::string(p.name) + " is compute capability " + std::to_string(p.major) + "." +
+                    std::to_string(p.minor) + "; the GPU rungs are built for 8.0 and newer";
+    return false;
+  }
+  return true;
+}
+
+std::string device_name() {
+  cudaDeviceProp p{};
+  FL_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+  return p.name;
+}
+
+std::size_t free_memory() {
+  size_t f = 0, t = 0;
+  FL_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  return f;
+}
+
+std::size_t total_memory() {
+  size_t f = 0, t = 0;
+  FL_CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  return t;
+}
+
+void synchronize() { FL_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+void require_memory(std::size_t bytes, const std::string& who) {
+  const std::size_t free = free_memory();
+  // Keep a little back for the CUDA context and library workspaces.
+  const std::size_t margin = std::size_t(256) << 20;
+  if (bytes + margin > free)
+    throw OutOfMemory(who + " needs " + describe_bytes(double(bytes)) + " of device memory, but " +
+                      device_name() + " has " + describe_bytes(double(free)) + " free (of " +
+                      describe_bytes(double(total_memory())) + "); nothing was allocated");
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes) FL_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  std::swap(ptr_, o.ptr_);
+  std::swap(bytes_, o.bytes_);
+  return *this;
+}
+void DeviceBuffer::upload(const void* host, std::size_t bytes) {
+  FL_CUDA_CHECK(cudaMemcpy(ptr_, host, std::min(bytes, bytes_), cudaMemcpyHostToDevice));
+}
+void DeviceBuffer::download(void* host, std::size_t bytes) const {
+  FL_CUDA_CHECK(cudaMemcpy(host, ptr_, std::min(bytes, bytes_), cudaMemcpyDeviceToHost));
+}
+
+namespace {
+__global__ void fill_u16(uint16_t* p, std::size_t n, uint16_t value) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+}  // namespace
+
+void DeviceBuffer::poison() {
+  if (!ptr_) return;
+  const std::size_t n = bytes_ / 2;
+  fill_u16<<<1024, 256>>>(static_cast<uint16_t*>(ptr_), n, 0x7fc0);
+  FL_CUDA_CHECK_LAUNCH();
+}
+
+double time_ms(const std::function<void()>& fn, int warmup, int reps,
+               const std::function<void()>& before) {
+  for (int i = 0; i < warmup; ++i) {
+    if (before) before();
+    fn();
+  }
+  FL_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t start, stop;
+  FL_CUDA_CHECK(cudaEventCreate(&start));
+  FL_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    if (before) before();
+    FL_CUDA_CHECK(cudaEventRecord(start));
+    fn();
+    FL_CUDA_CHECK(cudaEventRecord(stop));
+    FL_CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    FL_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+  return ms[ms.size() / 2];
+}
+
+void flush_l2() {
+  static DeviceBuffer scratch;
+  if (!scratch.get()) {
+    int l2 = 0;
+    FL_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    scratch = DeviceBuffer(std::size_t(std::max(l2, 1 << 20)) * 2);
+  }
+  FL_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0x5a, scratch.size()));
+}
+
+}  // namespace fl::gpu

@@ -1,0 +1,232 @@
+#include "harness.hpp"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "device.hpp"
+
+namespace fl {
+
+const char* input_kind_name(InputKind k) {
+  switch (k) {
+    case InputKind::Normal: return "normal";
+    case InputKind::LargeLogits: return "large-logits";
+    case InputKind::ConstantRow: return "constant-row";
+  }
+  return "?";
+}
+
+float round_to(DType t, float x) {
+  switch (t) {
+    case DType::F32: return x;
+    case DType::F16: return float(Eigen::half(x));
+    case DType::BF16: return float(Eigen::bfloat16(x));
+  }
+  return x;
+}
+
+std::vector<unsigned char> to_storage(const std::vector<float>& x, DType t) {
+  std::vector<unsigned char> out(x.size() * dtype_bytes(t));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (t == DType::F32) {
+      std::memcpy(&out[4 * i], &x[i], 4);
+    } else {
+      const uint16_t bits = t == DType::F16 ? Eigen::numext::bit_cast<uint16_t>(Eigen::half(x[i]))
+                                            : Eigen::numext::bit_cast<uint16_t>(Eigen::bfloat16(x[i]));
+      std::memcpy(&out[2 * i], &bits, 2);
+    }
+  }
+  return out;
+}
+
+std::vector<float> from_storage(const std::vector<unsigned char>& b, DType t) {
+  const size_t n = b.size() / dtype_bytes(t);
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (t == DType::F32) {
+      std::memcpy(&out[i], &b[4 * i], 4);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, &b[2 * i], 2);
+      out[i] = t == DType::F16 ? float(Eigen::numext::bit_cast<Eigen::half>(bits))
+                               : float(Eigen::numext::bit_cast<Eigen::bfloat16>(bits));
+    }
+  }
+  return out;
+}
+
+Inputs make_inputs(const AttentionShape& s, DType t, uint64_t seed, InputKind kind) {
+  s.validate();
+  Inputs in;
+  in.seed = seed;
+  in.kind = kind;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  // Large logits: with q, k ≈ a + N(0,1), a logit is ≈ a²·d·scale = a²·√d; pick a so that is 120.
+  const float shift =
+      kind == InputKind::LargeLogits ? std::sqrt(120.f / std::sqrt(float(s.head_dim))) : 0.f;
+  auto fill = [&](std::vector<float>& x, int64_t n, float offset) {
+    x.resize(n);
+    for (auto& e : x) e = round_to(t, n01(rng) + offset);
+  };
+  fill(in.q, s.q_elems(), shift);
+  fill(in.k, s.kv_elems(), shift);
+  fill(in.v, s.kv_elems(), 0.f);
+  if (kind == InputKind::ConstantRow)  // batch 0, kv head 0: every key equals key 0
+    for (int64_t j = 1; j < s.seq_k; ++j)
+      std::memcpy(&in.k[j * s.head_dim], &in.k[0], sizeof(float) * s.head_dim);
+  return in;
+}
+
+// ---------------------------------------------------------------------------------------------
+struct ForwardRun::Impl {
+  Impl(const Rung& r, const AttentionShape& s, DType t)
+      : rung(r), shape(s), dtype(t), on_gpu(r.backend() == Backend::Cuda) {}
+  const Rung& rung;
+  AttentionShape shape;
+  DType dtype;
+  bool on_gpu;
+  // Host side (CPU twins run on these; GPU rungs stage through them).
+  std::vector<unsigned char> q, k, v, o, lse, ws;
+  gpu::DeviceBuffer dq, dk, dv, d_o, dlse, dws;
+
+  ForwardArgs args() {
+    ForwardArgs a;
+    if (on_gpu) {
+      a.q = dq.get(), a.k = dk.get(), a.v = dv.get(), a.o = d_o.get();
+      a.lse = static_cast<float*>(dlse.get());
+      a.workspace = dws.get();
+    } else {
+      a.q = q.data(), a.k = k.data(), a.v = v.data(), a.o = o.data();
+      a.lse = reinterpret_cast<float*>(lse.data());
+      a.workspace = ws.empty() ? nullptr : ws.data();
+    }
+    return a;
+  }
+};
+
+std::size_t ForwardRun::device_bytes(const Rung& r, const AttentionShape& s, DType t) {
+  const std::size_t e = dtype_bytes(t);
+  return e * std::size_t(2 * s.q_elems() + 2 * s.kv_elems()) + 4 * std::size_t(s.lse_elems()) +
+         r.workspace_bytes(s, t);
+}
+
+ForwardRun::ForwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in)
+    : impl_(std::make_unique<Impl>(r, s, t)) {
+  r.check_supported(s, t);
+  auto& m = *impl_;
+  m.q = to_storage(in.q, t);
+  m.k = to_storage(in.k, t);
+  m.v = to_storage(in.v, t);
+  m.o.assign(s.o_elems() * dtype_bytes(t), 0);
+  m.lse.assign(s.lse_elems() * 4, 0);
+  const std::size_t ws = r.workspace_bytes(s, t);
+  if (m.on_gpu) {
+    std::string what = "rung " + r.label() + " on " + s.str();
+    if (ws) what += " (its workspace, " + r.caps().workspace_what + ", is " + describe_bytes(double(ws)) + ")";
+    gpu::require_memory(device_bytes(r, s, t), what);
+    m.dq = gpu::DeviceBuffer(m.q.size());
+    m.dk = gpu::DeviceBuffer(m.k.size());
+    m.dv = gpu::DeviceBuffer(m.v.size());
+    m.d_o = gpu::DeviceBuffer(m.o.size());
+    m.dlse = gpu::DeviceBuffer(m.lse.size());
+    m.dws = gpu::DeviceBuffer(ws);
+    m.dq.upload(m.q.data(), m.q.size());
+    m.dk.upload(m.k.data(), m.k.size());
+    m.dv.upload(m.v.data(), m.v.size());
+  } else {
+    m.ws.assign(ws, 0);
+  }
+  poison();
+}
+
+ForwardRun::~ForwardRun() = default;
+
+void ForwardRun::poison() {
+  auto& m = *impl_;
+  if (m.on_gpu) {
+    m.d_o.poison();
+    m.dlse.poison();
+  } else {
+    for (auto* b : {&m.o, &m.lse})
+      for (size_t i = 0; i + 1 < b->size(); i += 2) {  // 0x7fc0 little-endian in every 16-bit word
+        (*b)[i] = 0xc0;
+        (*b)[i + 1] = 0x7f;
+      }
+  }
+}
+
+void ForwardRun::run(IoCounter* io) {
+  auto& m = *impl_;
+  ForwardArgs a = m.args();
+  a.io = io;
+  m.rung.check(m.shape, m.dtype, a);
+  m.rung.forward(m.shape, m.dtype, a);
+}
+
+ForwardOutputs ForwardRun::fetch() const {
+  auto& m = *impl_;
+  if (m.on_gpu) {
+    gpu::synchronize();
+    m.d_o.download(m.o.data(), m.o.size());
+    m.dlse.download(m.lse.data(), m.lse.size());
+  }
+  ForwardOutputs out;
+  out.o = from_storage(m.o, m.dtype);
+  out.lse = from_storage(m.lse, DType::F32);
+  return out;
+}
+
+double ForwardRun::time_ms(int warmup, int reps) {
+  auto& m = *impl_;
+  if (m.on_gpu) return gpu::time_ms([&] { run(); }, warmup, reps, [] { gpu::flush_l2(); });
+  for (int i = 0; i < warmup; ++i) run();
+  std::vector<double> t;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  return t[t.size() / 2];
+}
+
+std::size_t ForwardRun::extra_bytes() const { return impl_->rung.workspace_bytes(impl_->shape, impl_->dtype); }
+
+// ---------------------------------------------------------------------------------------------
+std::string ForwardCheck::str() const {
+  return std::string(pass ? "PASS" : "FAIL") + " O: " + o.str() + " | lse: " + lse.str();
+}
+
+ForwardCheck check_forward(const AttentionShape& s, DType t, const ForwardOutputs& out,
+                           const ReferenceForward& ref, double tol) {
+  const int64_t R = int64_t(ref.rows.size()), d = s.head_dim;
+  std::vector<float> o_rows, lse_rows;
+  o_rows.reserve(s.batch * s.heads * R * d);
+  lse_rows.reserve(s.batch * s.heads * R);
+  for (int64_t bh = 0; bh < s.batch * s.heads; ++bh)
+    for (int64_t r : ref.rows) {
+      const float* row = &out.o[(bh * s.seq_q + r) * d];
+      o_rows.insert(o_rows.end(), row, row + d);
+      lse_rows.push_back(out.lse[bh * s.seq_q + r]);
+    }
+  ForwardCheck c;
+  c.o = compare(o_rows.data(), ref.o.data(), int64_t(o_rows.size()));
+  c.lse = compare(lse_rows.data(), ref.lse.data(), int64_t(lse_rows.size()));
+  const double limit = tol > 0 ? tol : tolerance(t);
+  // lse is a log, of size up to the largest logit: hold it to the same relative accuracy,
+  // measured against its largest finite magnitude (an absolute error of 1e-5 on lse = 120 is
+  // as good as fp32 can do).
+  double lse_scale = 1;
+  for (double x : ref.lse)
+    if (std::isfinite(x)) lse_scale = std::max(lse_scale, std::abs(x));
+  c.pass = c.o.bad == 0 && c.lse.bad == 0 && c.o.rel_l2 <= limit &&
+           c.lse.max_abs <= 10 * limit * lse_scale;
+  return c;
+}
+
+}  // namespace fl

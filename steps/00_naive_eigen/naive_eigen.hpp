@@ -1,0 +1,13 @@
+// Rung 00: attention as the formula reads, with the textbook softmax exp(s)/Σexp(s).
+#pragma once
+
+#include "standard_attention.hpp"
+
+namespace fl::naive_eigen {
+
+// The softmax reads each row of S twice: once for Σ exp(s), once to write P = exp(s)/Σ.
+inline constexpr standard::Spec kSpec{
+    "00_naive_eigen",
+    "S=QK^T, P=softmax(S), O=PV in three passes; softmax without max-subtraction (overflows)", 2};
+
+}  // namespace fl::naive_eigen

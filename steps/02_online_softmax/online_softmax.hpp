@@ -1,0 +1,32 @@
+// Rung 02: the online softmax (Milakov & Gimelshein, 2018): the max and the normaliser in one
+// sweep, with rung 00's passes 1 and 3.
+#pragma once
+
+#include <cmath>
+
+#include "../00_naive_eigen/standard_attention.hpp"
+#include "host_device.hpp"
+
+namespace fl::online_softmax {
+
+// The softmax reads each row of S twice: once for (m, ℓ) together, once to write P.
+inline constexpr standard::Spec kSpec{
+    "02_online_softmax",
+    "running max and sum in one sweep (Milakov & Gimelshein 2018), then normalise: two sweeps", 2};
+
+// The running state of one row: m = the largest score seen so far, ℓ = Σ exp(s − m) over them.
+struct RowState {
+  float m = -INFINITY;
+  float l = 0.f;
+};
+
+// The one idea of this rung. Folding state b into a: the larger max wins and the other sum is
+// rescaled by exp(old max − new max) ≤ 1, so nothing overflows and the result equals a two-pass
+// max-then-sum. Adding one score s is merge(a, {s, 1}). Both sides of the CPU/GPU boundary use it.
+FL_HOST_DEVICE inline RowState merge(RowState a, RowState b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, 0.f};  // nothing seen yet on either side: exp(−∞ + ∞) is NaN
+  return {m, a.l * expf(a.m - m) + b.l * expf(b.m - m)};
+}
+
+}  // namespace fl::online_softmax

@@ -1,0 +1,90 @@
+#include "rung_testing.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+namespace fl::testing {
+
+uint64_t base_seed() {
+  static const uint64_t seed = [] {
+    if (const char* s = std::getenv("FL_TEST_SEED")) return uint64_t(std::strtoull(s, nullptr, 10));
+    return uint64_t(std::random_device{}());
+  }();
+  static bool said = false;
+  if (!said) {
+    said = true;
+    std::cerr << "[flash_ladder] inputs drawn from FL_TEST_SEED=" << seed
+              << " (set it to replay this run)\n";
+  }
+  return seed;
+}
+
+std::string Case::str() const {
+  std::ostringstream s;
+  s << shape.str() << " inputs=" << input_kind_name(kind) << " seed=" << seed;
+  return s.str();
+}
+
+std::vector<Case> ladder_cases(const Rung& r, DType t) {
+  auto shape = [](int64_t b, int64_t h, int64_t hkv, int64_t nq, int64_t nk, int64_t d, bool causal) {
+    AttentionShape s;
+    s.batch = b, s.heads = h, s.kv_heads = hkv, s.seq_q = nq, s.seq_k = nk, s.head_dim = d;
+    s.causal = causal;
+    return s;
+  };
+  // Head dims tried: the rung's own list, or a spread when it takes any d.
+  const Capabilities caps = r.caps();
+  std::vector<int64_t> dims(caps.head_dims.begin(), caps.head_dims.end());
+  if (dims.empty()) dims = {16, 64, 128};
+  std::vector<AttentionShape> shapes;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[i];
+    shapes.push_back(shape(1, 1, 1, 1, 1, d, false));          // a single key
+    shapes.push_back(shape(1, 2, 2, 17, 17, d, true));         // tiny, ragged
+    shapes.push_back(shape(2, 3, 1, 113, 203, d, true));       // Nq < Nk, GQA 3:1, B·H = 6
+    shapes.push_back(shape(1, 2, 2, 203, 113, d, true));       // Nq > Nk: rows 0..89 see no key
+    shapes.push_back(shape(1, 4, 2, 77, 300, d, false));       // GQA 2:1
+  }
+  // Longer rows once, with the middle head dim, to keep the suite quick on two cores.
+  const int64_t d_mid = dims[dims.size() / 2];
+  shapes.push_back(shape(1, 2, 1, 1000, 1000, d_mid, false));
+  shapes.push_back(shape(1, 1, 1, 1023, 1024, d_mid, true));
+  if (caps.head_dims.empty() && caps.max_head_dim >= 256)
+    shapes.push_back(shape(2, 2, 2, 64, 65, 256, false));     // the largest head dim
+
+  std::vector<Case> out;
+  uint64_t n = 0;
+  for (const AttentionShape& s : shapes) {
+    if (!r.supports(s, t)) continue;
+    out.push_back({s, InputKind::Normal, base_seed() + n++});
+  }
+  return out;
+}
+
+std::string skip_reason(Backend b) {
+  if (b == Backend::Cpu) return "not registered";
+  std::string why;
+  if (!gpu::available(&why)) return why;
+  return "not registered in this build";
+}
+
+const Rung* rung_or_skip(const std::string& name, Backend b) {
+  if (b == Backend::Cuda && !gpu::available()) return nullptr;
+  return Registry::instance().find(name, b);
+}
+
+CaseResult run_case(const Rung& r, DType t, const Case& c, double tol) {
+  CaseResult res;
+  const Inputs in = make_inputs(c.shape, t, c.seed, c.kind);
+  ForwardRun run(r, c.shape, t, in);  // outputs are poisoned (NaN) here
+  run.run(&res.io);
+  res.out = run.fetch();
+  res.ref = reference_forward(c.shape, in.q.data(), in.k.data(), in.v.data());
+  res.check = check_forward(c.shape, t, res.out, res.ref, tol);
+  return res;
+}
+
+}  // namespace fl::testing
