@@ -40,7 +40,10 @@ class HbmMatrix {
 
   // Writes an on-chip block back at (r0, c0), rounding to T where T is narrower than float.
   template <class Derived>
-  void store(int64_t r0, int64_t c0, const Eigen::MatrixBase<Derived>& b) {
+  void store(int64_t r0, int64_t c0, const Eigen::MatrixBase<Derived>& expr) {
+    // Evaluated once: indexing a product expression (O.store(r, 0, p * v)) element by element
+    // would redo the whole product for every element. A plain Block is not copied.
+    const auto& b = expr.eval();
     bounds(r0, b.rows(), c0, b.cols());
     for (int64_t r = 0; r < b.rows(); ++r)
       for (int64_t c = 0; c < b.cols(); ++c) data_[(r0 + r) * cols_ + c0 + c] = T(float(b(r, c)));

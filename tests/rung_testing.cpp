@@ -28,13 +28,16 @@ std::string Case::str() const {
   return s.str();
 }
 
+AttentionShape make_shape(int64_t b, int64_t h, int64_t hkv, int64_t nq, int64_t nk, int64_t d,
+                          bool causal) {
+  AttentionShape s;
+  s.batch = b, s.heads = h, s.kv_heads = hkv, s.seq_q = nq, s.seq_k = nk, s.head_dim = d;
+  s.causal = causal;
+  return s;
+}
+
 std::vector<Case> ladder_cases(const Rung& r, DType t) {
-  auto shape = [](int64_t b, int64_t h, int64_t hkv, int64_t nq, int64_t nk, int64_t d, bool causal) {
-    AttentionShape s;
-    s.batch = b, s.heads = h, s.kv_heads = hkv, s.seq_q = nq, s.seq_k = nk, s.head_dim = d;
-    s.causal = causal;
-    return s;
-  };
+  const auto shape = make_shape;
   // Head dims tried: the rung's own list, or a spread when it takes any d.
   const Capabilities caps = r.caps();
   std::vector<int64_t> dims(caps.head_dims.begin(), caps.head_dims.end());
@@ -61,6 +64,9 @@ std::vector<Case> ladder_cases(const Rung& r, DType t) {
     if (!r.supports(s, t)) continue;
     out.push_back({s, InputKind::Normal, base_seed() + n++});
   }
+  // Batch 0's first key/value head with every key equal: uniform P, O = mean of V.
+  const AttentionShape flat = shape(2, 2, 2, 50, 70, d_mid, false);
+  if (r.supports(flat, t)) out.push_back({flat, InputKind::ConstantRow, base_seed() + n++});
   return out;
 }
 
@@ -85,6 +91,44 @@ CaseResult run_case(const Rung& r, DType t, const Case& c, double tol) {
   res.ref = reference_forward(c.shape, in.q.data(), in.k.data(), in.v.data());
   res.check = check_forward(c.shape, t, res.out, res.ref, tol);
   return res;
+}
+
+}  // namespace fl::testing
+
+namespace fl::testing {
+
+void expect_ladder_cases_pass(const std::string& name, Backend b, DType t) {
+  const Rung* r = rung_or_skip(name, b);
+  ASSERT_NE(r, nullptr);
+  const Rung* twin = b == Backend::Cuda ? Registry::instance().find(name, Backend::Cpu) : nullptr;
+  const std::vector<Case> cases = ladder_cases(*r, t);
+  ASSERT_FALSE(cases.empty()) << r->label() << " supports none of the ladder's shapes";
+  for (const Case& c : cases) {
+    SCOPED_TRACE(r->label() + " " + dtype_name(t) + " " + c.str());
+    const CaseResult res = run_case(*r, t, c);
+    EXPECT_TRUE(res.check.pass) << res.check.str();
+    EXPECT_EQ(res.check.o.bad, 0) << "unwritten or non-finite O elements";
+    if (twin && twin->supports(c.shape, t)) {
+      const CaseResult ref = run_case(*twin, t, c);
+      const double limit = 2 * ref.check.o.rel_l2 + 0.1 * tolerance(t);
+      EXPECT_LE(res.check.o.rel_l2, limit)
+          << "GPU error " << res.check.o.rel_l2 << " vs CPU twin " << ref.check.o.rel_l2;
+    }
+  }
+}
+
+void expect_io_matches_model(const Rung& twin, DType t, const std::vector<AttentionShape>& shapes) {
+  ASSERT_EQ(twin.backend(), Backend::Cpu);
+  for (const AttentionShape& s : shapes) {
+    SCOPED_TRACE(twin.label() + " " + s.str());
+    const Inputs in = make_inputs(s, t, base_seed());
+    ForwardRun run(twin, s, t, in);
+    IoCounter io;
+    run.run(&io);
+    const IoModel m = twin.modelled_io(s, t);
+    EXPECT_EQ(double(io.read), m.read);
+    EXPECT_EQ(double(io.written), m.written);
+  }
 }
 
 }  // namespace fl::testing

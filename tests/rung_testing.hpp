@@ -40,6 +40,18 @@ struct CaseResult {
 // Runs the rung on fresh inputs for the case (outputs poisoned first) and checks every row.
 CaseResult run_case(const Rung& r, DType t, const Case& c, double tol = 0);
 
-uint64_t base_seed();  // FL_TEST_SEED or a fresh random seed, printed once per process
+uint64_t base_seed();
+
+// Every ladder case passes against the oracle. For a GPU rung each case's error must also be at
+// most 2× its CPU twin's on the same inputs (with a floor of a tenth of the dtype's tolerance,
+// for when both sit at rounding level), and every output element must have been written.
+void expect_ladder_cases_pass(const std::string& name, Backend b, DType t);
+
+// The twin's counted device-memory traffic equals the rung's closed form exactly.
+void expect_io_matches_model(const Rung& twin, DType t, const std::vector<AttentionShape>& shapes);
+
+// A shape from its fields, for test tables.
+AttentionShape make_shape(int64_t b, int64_t h, int64_t hkv, int64_t nq, int64_t nk, int64_t d,
+                          bool causal);  // FL_TEST_SEED or a fresh random seed, printed once per process
 
 }  // namespace fl::testing

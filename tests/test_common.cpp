@@ -1,0 +1,214 @@
+// The common core: shape validation, the fp64 oracle (checked against a plain loop and, for the
+// backward pass, against finite differences), error metrics, the IO counter, the registry.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "harness.hpp"
+#include "io_counter.hpp"
+#include "rung_testing.hpp"
+
+namespace fl::testing {
+namespace {
+
+std::string error_of(const AttentionShape& s) {
+  try {
+    s.validate();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Shape, RefusesBadShapesWithMessagesThatSayWhatIsAllowed) {
+  const AttentionShape ok = make_shape(2, 8, 2, 100, 90, 64, true);
+  EXPECT_EQ(error_of(ok), "");
+  AttentionShape s = ok;
+  s.batch = 0;
+  EXPECT_NE(error_of(s).find("batch (B) = 0; it must be at least 1"), std::string::npos);
+  s = ok, s.seq_k = -3;
+  EXPECT_NE(error_of(s).find("seq_k (Nk) = -3"), std::string::npos);
+  s = ok, s.kv_heads = 3;
+  EXPECT_NE(error_of(s).find("heads (H) = 8 is not a multiple of kv_heads (Hkv) = 3"), std::string::npos);
+  s = ok, s.scale = -1;
+  EXPECT_NE(error_of(s).find("bad scale"), std::string::npos);
+  s = ok, s.scale = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_NE(error_of(s).find("bad scale"), std::string::npos);
+  s = ok, s.seq_q = s.seq_k = int64_t(1) << 40;
+  EXPECT_NE(error_of(s).find("64-bit"), std::string::npos);
+  EXPECT_THROW(parse_dtype("fp64"), InputError);
+  EXPECT_EQ(parse_dtype("bf16"), DType::BF16);
+}
+
+TEST(Shape, FlopsFollowTheAnchorsConvention) {
+  EXPECT_EQ(make_shape(2, 16, 16, 1024, 1024, 64, false).flops_forward(), 4.0 * 2 * 16 * 1024 * 1024 * 64);
+  EXPECT_EQ(make_shape(2, 16, 16, 1024, 1024, 64, true).flops_forward(), 2.0 * 2 * 16 * 1024 * 1024 * 64);
+  EXPECT_EQ(make_shape(1, 1, 1, 8, 8, 8, false).flops_backward(), 2.5 * 4 * 8 * 8 * 8);
+}
+
+TEST(Shape, CausalMaskIsBottomRightAligned) {
+  const AttentionShape wide = make_shape(1, 1, 1, 3, 5, 8, true);  // Nq < Nk: row 0 sees keys 0..2
+  EXPECT_EQ(wide.last_key(0), 2);
+  EXPECT_EQ(wide.last_key(2), 4);
+  const AttentionShape tall = make_shape(1, 1, 1, 5, 3, 8, true);  // Nq > Nk: rows 0, 1 see nothing
+  EXPECT_LT(tall.last_key(1), 0);
+  EXPECT_EQ(tall.last_key(2), 0);
+}
+
+// The oracle against the definition written out as loops, on a shape with GQA, a causal mask
+// and rows that see no key.
+TEST(Oracle, ForwardMatchesTheDefinition) {
+  const AttentionShape s = make_shape(2, 4, 2, 7, 5, 3, true);
+  const Inputs in = make_inputs(s, DType::F32, base_seed());
+  const ReferenceForward ref = reference_forward(s, in.q.data(), in.k.data(), in.v.data());
+  const double scale = s.softmax_scale();  // the fp32 scale every rung uses
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 4; ++h)
+      for (int64_t i = 0; i < 7; ++i) {
+        const int64_t bh = b * 4 + h, bkv = b * 2 + h / 2;
+        std::vector<double> p;
+        double m = -INFINITY;
+        for (int64_t j = 0; j <= i + (5 - 7) && j < 5; ++j) {
+          double dot = 0;
+          for (int c = 0; c < 3; ++c) dot += double(in.q[(bh * 7 + i) * 3 + c]) * in.k[(bkv * 5 + j) * 3 + c];
+          p.push_back(dot * scale);
+          m = std::max(m, p.back());
+        }
+        const double lse = ref.lse[bh * 7 + i];
+        if (p.empty()) {
+          EXPECT_EQ(lse, -INFINITY);
+          for (int c = 0; c < 3; ++c) EXPECT_EQ(ref.o[(bh * 7 + i) * 3 + c], 0.0);
+          continue;
+        }
+        double l = 0;
+        for (double& e : p) l += (e = std::exp(e - m));
+        EXPECT_NEAR(lse, m + std::log(l), 1e-12);
+        for (int c = 0; c < 3; ++c) {
+          double o = 0;
+          for (size_t j = 0; j < p.size(); ++j) o += p[j] / l * in.v[(bkv * 5 + j) * 3 + c];
+          EXPECT_NEAR(ref.o[(bh * 7 + i) * 3 + c], o, 1e-12);
+        }
+      }
+}
+
+TEST(Oracle, SampledRowsEqualTheFullResult) {
+  const AttentionShape s = make_shape(1, 2, 1, 300, 200, 16, true);
+  const Inputs in = make_inputs(s, DType::F32, base_seed());
+  const auto full = reference_forward(s, in.q.data(), in.k.data(), in.v.data());
+  const auto rows = sample_rows(s.seq_q, 10);
+  const auto part = reference_forward(s, in.q.data(), in.k.data(), in.v.data(), rows);
+  ASSERT_EQ(part.rows, rows);
+  for (int64_t bh = 0; bh < 2; ++bh)
+    for (size_t r = 0; r < rows.size(); ++r) {
+      EXPECT_EQ(part.lse[bh * rows.size() + r], full.lse[bh * 300 + rows[r]]);
+      for (int c = 0; c < 16; ++c)
+        EXPECT_EQ(part.o[(bh * rows.size() + r) * 16 + c], full.o[(bh * 300 + rows[r]) * 16 + c]);
+    }
+}
+
+// The backward oracle against central differences of L = Σ dO ∘ O, for every input element of a
+// small problem with GQA and a causal mask. fp64 throughout: agreement to ~1e-7 relative.
+TEST(Oracle, BackwardMatchesFiniteDifferences) {
+  const AttentionShape s = make_shape(1, 4, 2, 6, 9, 5, true);
+  Inputs in = make_inputs(s, DType::F32, base_seed());
+  std::vector<float> dout = make_inputs(s, DType::F32, base_seed() + 7).q;
+  const ReferenceBackward g = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), dout.data());
+  auto loss = [&](const Inputs& x) {
+    const auto f = reference_forward(s, x.q.data(), x.k.data(), x.v.data());
+    double L = 0;
+    for (size_t i = 0; i < f.o.size(); ++i) L += f.o[i] * dout[i];
+    return L;
+  };
+  // Inputs are float: step by a power of two so q ± h is exact, and difference in double.
+  const float h = 1.0f / 1024;
+  auto check = [&](std::vector<float> Inputs::*which, const std::vector<double>& grad, const char* name) {
+    for (size_t i = 0; i < grad.size(); ++i) {
+      Inputs plus = in, minus = in;
+      (plus.*which)[i] += h;
+      (minus.*which)[i] -= h;
+      const double fd = (loss(plus) - loss(minus)) / (double((plus.*which)[i]) - double((minus.*which)[i]));
+      EXPECT_NEAR(grad[i], fd, 1e-4 * (1 + std::abs(fd))) << name << "[" << i << "]";
+    }
+  };
+  check(&Inputs::q, g.dq, "dq");
+  check(&Inputs::k, g.dk, "dk");
+  check(&Inputs::v, g.dv, "dv");
+}
+
+TEST(Compare, PoisonedAndNonFiniteElementsAreBad) {
+  const double ref[] = {1, 2, -INFINITY, 4};
+  const float good[] = {1, 2, -INFINITY, 4};
+  EXPECT_EQ(compare(good, ref, 4).bad, 0);
+  EXPECT_EQ(compare(good, ref, 4).rel_l2, 0);
+  const float unwritten[] = {1, NAN, -INFINITY, 4};
+  const ErrorStats e = compare(unwritten, ref, 4);
+  EXPECT_EQ(e.bad, 1);
+  EXPECT_EQ(e.first_bad, 1);
+  EXPECT_FALSE(passes(e, DType::F32));
+  const float wrong_inf[] = {1, 2, 0, 4};  // an empty row's lse must be −∞, not 0
+  EXPECT_EQ(compare(wrong_inf, ref, 4).bad, 1);
+  const float off[] = {1, 2, -INFINITY, 4.1f};
+  EXPECT_NEAR(compare(off, ref, 4).max_abs, 0.1, 1e-6);
+}
+
+// A rung that forgets to write is caught: the harness poisons O and lse with NaN before it runs.
+class LazyRung final : public Rung {
+ public:
+  std::string name() const override { return "99_lazy"; }
+  Backend backend() const override { return Backend::Cpu; }
+  std::string idea() const override { return "writes half of O"; }
+  Capabilities caps() const override { return {}; }
+  IoModel modelled_io(const AttentionShape&, DType) const override { return {}; }
+  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override {
+    const auto ref = reference_forward(s, static_cast<const float*>(a.q), static_cast<const float*>(a.k),
+                                       static_cast<const float*>(a.v));
+    for (int64_t i = 0; i < s.o_elems() / 2; ++i) static_cast<float*>(a.o)[i] = float(ref.o[i]);
+    for (int64_t i = 0; i < s.lse_elems(); ++i) a.lse[i] = float(ref.lse[i]);
+  }
+};
+
+TEST(Harness, UnwrittenOutputsFail) {
+  const LazyRung lazy;
+  const Case c{make_shape(1, 2, 2, 20, 20, 8, false), InputKind::Normal, base_seed()};
+  const CaseResult res = run_case(lazy, DType::F32, c);
+  EXPECT_FALSE(res.check.pass);
+  EXPECT_EQ(res.check.o.bad, c.shape.o_elems() - c.shape.o_elems() / 2);
+}
+
+TEST(Harness, InputsAreExactInTheirDtypeAndFresh) {
+  const AttentionShape s = make_shape(1, 1, 1, 64, 64, 32, false);
+  const Inputs a = make_inputs(s, DType::BF16, 1), b = make_inputs(s, DType::BF16, 2);
+  EXPECT_NE(a.q, b.q);
+  for (float x : a.q) EXPECT_EQ(round_to(DType::BF16, x), x);
+  EXPECT_EQ(from_storage(to_storage(a.q, DType::BF16), DType::BF16), a.q);
+  EXPECT_EQ(from_storage(to_storage(a.v, DType::F16), DType::F16).size(), a.v.size());
+  EXPECT_EQ(round_to(DType::F16, 1.0f + 1.0f / 4096), 1.0f);  // below fp16's half-ulp at 1
+}
+
+TEST(IoCounter, CountsEveryByteAndRefusesOutOfBounds) {
+  std::vector<float> mem(6 * 5, 1.f);
+  IoCounter io;
+  HbmMatrix<float> m(mem.data(), 6, 5, io);
+  const Block b = m.load(1, 2, 1, 3);
+  EXPECT_EQ(io.read, 2u * 3 * 4);
+  m.store(4, 0, b);
+  EXPECT_EQ(io.written, 2u * 3 * 4);
+  EXPECT_THROW(m.load(5, 2, 0, 1), std::out_of_range);
+  EXPECT_THROW(m.store(0, 3, b), std::out_of_range);
+  std::vector<Eigen::half> halves(4);
+  IoCounter io16;
+  HbmMatrix<Eigen::half> h(halves.data(), 2, 2, io16);
+  h.store(0, 0, 1.5f);
+  EXPECT_EQ(io16.written, 2u);  // an fp16 element is two bytes of traffic
+  EXPECT_EQ(h.load(0, 0), 1.5f);
+}
+
+TEST(Registry, RungsAreOrderedAndFoundByNameAndBackend) {
+  const auto names = Registry::instance().names();
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_EQ(Registry::instance().find("no_such_rung", Backend::Cpu), nullptr);
+}
+
+}  // namespace
+}  // namespace fl::testing
