@@ -7,9 +7,8 @@
 #include "naive_eigen.hpp"
 
 namespace fl::naive_eigen {
-namespace {
 
-void softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse) {
+void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse) {
   for (int64_t r = 0; r < S.rows(); ++r) {
     // Sweep 1: the normaliser ℓ = Σ_j exp(S_rj).
     const Block s1 = S.load_rows(r, 1);
@@ -24,7 +23,6 @@ void softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& l
   }
 }
 
-const Register<standard::StandardTwin> registered{kSpec, softmax};
+static const Register<standard::StandardTwin> registered{kSpec, twin_softmax};
 
-}  // namespace
 }  // namespace fl::naive_eigen

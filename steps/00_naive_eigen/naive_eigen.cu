@@ -28,12 +28,13 @@ __global__ void softmax_kernel(const float* __restrict__ S,  // [rows, cols]
   if (threadIdx.x == 0) lse[blockIdx.x] = logf(l);
 }
 
-void softmax(const float* S, float* P, float* lse, int64_t rows, int64_t cols, void* stream) {
+}  // namespace
+
+void gpu_softmax(const float* S, float* P, float* lse, int64_t rows, int64_t cols, void* stream) {
   softmax_kernel<<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(S, P, lse, cols);
   FL_CUDA_CHECK_LAUNCH();
 }
 
-const Register<standard::StandardGpu> registered{kSpec, softmax};
+static const Register<standard::StandardGpu> registered{kSpec, gpu_softmax};
 
-}  // namespace
 }  // namespace fl::naive_eigen

@@ -10,4 +10,8 @@ inline constexpr standard::Spec kSpec{
     "00_naive_eigen",
     "S=QK^T, P=softmax(S), O=PV in three passes; softmax without max-subtraction (overflows)", 2};
 
+// This rung's softmax pass (see standard::TwinSoftmax, standard::GpuSoftmax).
+void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse);
+void gpu_softmax(const float* S, float* P, float* lse, int64_t rows, int64_t cols, void* stream);
+
 }  // namespace fl::naive_eigen

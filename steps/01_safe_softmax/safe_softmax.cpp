@@ -7,9 +7,8 @@
 #include "safe_softmax.hpp"
 
 namespace fl::safe_softmax {
-namespace {
 
-void softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse) {
+void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse) {
   for (int64_t r = 0; r < S.rows(); ++r) {
     // Sweep 1: the row max m.
     const float m = S.load_rows(r, 1).maxCoeff();
@@ -27,7 +26,6 @@ void softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& l
   }
 }
 
-const Register<standard::StandardTwin> registered{kSpec, softmax};
+static const Register<standard::StandardTwin> registered{kSpec, twin_softmax};
 
-}  // namespace
 }  // namespace fl::safe_softmax

@@ -10,4 +10,8 @@ inline constexpr standard::Spec kSpec{
     "01_safe_softmax",
     "subtract the row max before exp: three sweeps over each row of S, no overflow", 3};
 
+// This rung's softmax pass (see standard::TwinSoftmax, standard::GpuSoftmax).
+void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse);
+void gpu_softmax(const float* S, float* P, float* lse, int64_t rows, int64_t cols, void* stream);
+
 }  // namespace fl::safe_softmax

@@ -6,9 +6,8 @@
 #include "online_softmax.hpp"
 
 namespace fl::online_softmax {
-namespace {
 
-void softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse) {
+void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse) {
   for (int64_t r = 0; r < S.rows(); ++r) {
     // Sweep 1: (m, ℓ) in one pass over the row.
     const Block s1 = S.load_rows(r, 1);
@@ -23,7 +22,6 @@ void softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& l
   }
 }
 
-const Register<standard::StandardTwin> registered{kSpec, softmax};
+static const Register<standard::StandardTwin> registered{kSpec, twin_softmax};
 
-}  // namespace
 }  // namespace fl::online_softmax

@@ -29,4 +29,8 @@ FL_HOST_DEVICE inline RowState merge(RowState a, RowState b) {
   return {m, a.l * expf(a.m - m) + b.l * expf(b.m - m)};
 }
 
+// This rung's softmax pass (see standard::TwinSoftmax, standard::GpuSoftmax); rung 03 reuses it.
+void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<float>& lse);
+void gpu_softmax(const float* S, float* P, float* lse, int64_t rows, int64_t cols, void* stream);
+
 }  // namespace fl::online_softmax
