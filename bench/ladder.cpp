@@ -1,0 +1,581 @@
+// The ladder: every rung on one problem, checked against the fp64 oracle, timed, in one table.
+//
+//   build/bench/ladder                              the CPU twins, and the GPU rungs if there is a GPU
+//   build/bench/ladder --seq 4096 --heads 16        a bigger problem
+//   build/bench/ladder --rungs 00,01 --inputs large-logits   why rung 01 exists
+//   build/bench/ladder --list                       what each rung teaches
+//
+// One row per rung and device: the median time, TFLOP/s by the convention of shared/anchors.md
+// (4·B·H·Nq·Nk·d, halved when causal), the speed-up over the rung above it on the same device, the
+// bytes its algorithm moves between device memory and on-chip memory (the rung's closed-form IO
+// model, the same formula its CPU twin's counted traffic is pinned to), the extra memory it needs,
+// and its error against the oracle. All rungs get the same inputs and the oracle runs once.
+//
+// Exit status: 0 when every row that ran passed, 1 when one failed, 2 for a bad command line or a
+// problem no rung can take (zero sizes, H not a multiple of Hkv, an unknown dtype).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "device.hpp"
+#include "harness.hpp"
+#include "reference.hpp"
+
+namespace fl {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// A CPU twin does the GPU's work on two or four cores; past this many FLOPs it takes minutes, so
+// the twins sit out unless asked for by name (--device cpu).
+constexpr double kCpuTwinFlopLimit = 2e10;
+
+// Long sequences are checked on a sample of query rows (each still attends to every key): the
+// fp64 oracle on all rows would cost more than every rung together.
+constexpr int64_t kAllRowsUpTo = 1024;
+constexpr int64_t kSampledRows = 64;
+
+// ---- The command line ----------------------------------------------------------------------------
+// A flag the command line got wrong (as opposed to a problem no rung can take): the message ends
+// with a pointer to --help.
+struct UsageError : InputError {
+  using InputError::InputError;
+};
+
+struct Options {
+  std::string rungs = "all";
+  std::string device = "all";
+  int64_t batch = 1, heads = 4, seq = 512, head_dim = 64;
+  std::optional<int64_t> kv_heads, seq_q, seq_k;  // default: H, and --seq
+  bool causal = false;
+  double scale = 0;  // 0: the default 1/√d
+  DType dtype = DType::F32;
+  uint64_t seed = 1234;
+  InputKind inputs = InputKind::Normal;
+  int64_t warmup = -1, reps = -1;  // -1: the device's default
+  int64_t verify_rows = 0;         // 0: all rows up to kAllRowsUpTo, else a sample; -1: all
+  std::string json;
+  bool list = false, help = false;
+
+  AttentionShape shape() const {
+    AttentionShape s;
+    s.batch = batch;
+    s.heads = heads;
+    s.kv_heads = kv_heads.value_or(heads);
+    s.seq_q = seq_q.value_or(seq);
+    s.seq_k = seq_k.value_or(seq);
+    s.head_dim = head_dim;
+    s.causal = causal;
+    s.scale = scale;
+    return s;
+  }
+  int warmup_for(Backend b) const { return int(warmup >= 0 ? warmup : b == Backend::Cuda ? 2 : 1); }
+  int reps_for(Backend b) const { return int(reps >= 1 ? reps : b == Backend::Cuda ? 10 : 3); }
+};
+
+const char* kUsage = R"(usage: ladder [flags]
+
+Runs the rungs of the ladder on one attention problem, checks each against the fp64 oracle, times
+it and prints one table. Exit status 0 if every rung that ran passed, 1 if one failed, 2 for a
+bad command line or problem.
+
+Problem (Q: [B, H, Nq, d], K and V: [B, Hkv, Nk, d]):
+  --batch B            batch size (default 1)
+  --heads H            query heads (default 4)
+  --kv-heads Hkv       key/value heads; H must be a multiple (default H)
+  --seq N              sets Nq = Nk = N (default 512)
+  --seq-q Nq           query length (overrides --seq)
+  --seq-k Nk           key length (overrides --seq)
+  --head-dim d         head dimension (default 64)
+  --causal             causal mask, bottom-right aligned when Nq != Nk
+  --scale S            softmax scale (default 1/sqrt(d))
+  --dtype T            fp32 | fp16 | bf16 (default fp32)
+  --seed S             seed of the random inputs (default 1234)
+  --inputs KIND        normal | large-logits | constant-row (default normal); large-logits makes
+                       exp() overflow fp32, which is what rung 00 fails on and rung 01 mends
+
+Which rungs:
+  --rungs LIST         all, or a comma list of rung names or numbers: 00,02 or 01_safe_softmax
+                       (default all)
+  --device D           cpu | cuda | all (default all: the CPU twins, and the GPU rungs when a
+                       GPU is usable). CPU twins sit out problems over 2e10 FLOPs unless
+                       --device cpu is given.
+  --list               list the rungs this build has (name, backend, dtypes, head dims, idea)
+
+Measuring:
+  --warmup W           untimed runs before timing (default 2 on the GPU, 1 on the CPU)
+  --reps R             timed runs; the table shows their median (default 10 GPU, 3 CPU).
+                       GPU runs flush L2 before each timed run.
+  --verify-rows N|all  query rows checked against the oracle (default all when Nq <= 1024,
+                       else a sample of 64 rows that includes the first, last and block edges)
+  --json FILE          also write the results as JSON to FILE
+
+  --help               this text
+
+Flags take their value as the next argument or after '=': --seq 1024, --seq=1024.
+
+Examples:
+  ladder
+  ladder --seq 4096 --heads 16 --causal --rungs 04,05 --json ladder.json
+  ladder --rungs 00,01 --inputs large-logits
+)";
+
+InputKind parse_inputs(const std::string& s) {
+  for (InputKind k : {InputKind::Normal, InputKind::LargeLogits, InputKind::ConstantRow})
+    if (s == input_kind_name(k)) return k;
+  throw UsageError("--inputs: unknown kind '" + s + "'; allowed are normal, large-logits, constant-row");
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    bool inline_value = false;
+    if (flag.rfind("--", 0) != 0)
+      throw UsageError("unexpected argument '" + flag + "'; every flag starts with -- (see --help)");
+    if (const auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      inline_value = true;
+    }
+    auto switch_flag = [&] {
+      if (inline_value) throw UsageError(flag + " takes no value");
+      return true;
+    };
+    auto next = [&]() -> std::string {
+      if (inline_value) return value;
+      if (i + 1 >= argc) throw UsageError(flag + " needs a value (see --help)");
+      return argv[++i];
+    };
+    auto integer = [&](int64_t min) {
+      const std::string v = next();
+      int64_t x = 0;
+      if (!bench::parse_int(v, &x)) throw UsageError(flag + " expects an integer, got '" + v + "'");
+      if (x < min)
+        throw UsageError(flag + " must be at least " + std::to_string(min) + ", got " + v);
+      return x;
+    };
+    // Shape sizes take any integer here: AttentionShape::validate() says what is wrong with them,
+    // in the same words the tests and the C ABI use.
+    constexpr int64_t kAny = std::numeric_limits<int64_t>::min();
+
+    if (flag == "--help") o.help = switch_flag();
+    else if (flag == "--list") o.list = switch_flag();
+    else if (flag == "--causal") o.causal = switch_flag();
+    else if (flag == "--rungs") o.rungs = next();
+    else if (flag == "--device") {
+      o.device = next();
+      if (o.device != "cpu" && o.device != "cuda" && o.device != "all")
+        throw UsageError("--device: unknown device '" + o.device + "'; allowed are cpu, cuda, all");
+    } else if (flag == "--batch") o.batch = integer(kAny);
+    else if (flag == "--heads") o.heads = integer(kAny);
+    else if (flag == "--kv-heads") o.kv_heads = integer(kAny);
+    else if (flag == "--seq") o.seq = integer(kAny);
+    else if (flag == "--seq-q") o.seq_q = integer(kAny);
+    else if (flag == "--seq-k") o.seq_k = integer(kAny);
+    else if (flag == "--head-dim") o.head_dim = integer(kAny);
+    else if (flag == "--scale") {
+      const std::string v = next();
+      char* end = nullptr;
+      o.scale = std::strtod(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size())
+        throw UsageError("--scale expects a number, got '" + v + "'");
+      if (!(o.scale > 0)) throw UsageError("--scale must be > 0, got " + v);
+    } else if (flag == "--dtype") o.dtype = parse_dtype(next());
+    else if (flag == "--seed") {
+      const std::string v = next();
+      if (!bench::parse_uint64(v, &o.seed))
+        throw UsageError("--seed expects a non-negative integer, got '" + v + "'");
+    } else if (flag == "--inputs") o.inputs = parse_inputs(next());
+    else if (flag == "--warmup") o.warmup = integer(0);
+    else if (flag == "--reps") o.reps = integer(1);
+    else if (flag == "--verify-rows") {
+      const std::string v = next();
+      int64_t n = 0;
+      if (v == "all") o.verify_rows = -1;
+      else if (bench::parse_int(v, &n) && n >= 1) o.verify_rows = n;
+      else throw UsageError("--verify-rows expects a number of rows (at least 1) or 'all', got '" + v + "'");
+    } else if (flag == "--json") o.json = next();
+    else
+      throw UsageError("unknown flag '" + flag + "'; the flags are --rungs --device --batch --heads "
+                       "--kv-heads --seq --seq-q --seq-k --head-dim --causal --scale --dtype --seed "
+                       "--inputs --warmup --reps --verify-rows --json --list --help");
+  }
+  return o;
+}
+
+// ---- Formatting ----------------------------------------------------------------------------------
+std::string fmt(const char* f, double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, x);
+  return buf;
+}
+
+// Three significant digits without an exponent: 1234, 12.3, 0.0123.
+std::string sig3(double x) {
+  if (!std::isfinite(x)) return "-";
+  const double a = std::abs(x);
+  if (a >= 100) return fmt("%.0f", x);
+  if (a >= 10) return fmt("%.1f", x);
+  if (a >= 1) return fmt("%.2f", x);
+  if (a >= 0.1) return fmt("%.3f", x);
+  if (a >= 0.01) return fmt("%.4f", x);
+  if (a >= 0.001) return fmt("%.5f", x);
+  return fmt("%.2e", x);
+}
+
+// A Markdown table, so `ladder` output can be pasted into the docs as it is.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> head, std::vector<bool> right_aligned)
+      : head_(std::move(head)), right_(std::move(right_aligned)) {}
+  void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void print(std::ostream& os) const {
+    std::vector<std::size_t> w(head_.size());
+    for (std::size_t c = 0; c < w.size(); ++c) {
+      w[c] = std::max<std::size_t>(head_[c].size(), 3);
+      for (const auto& r : rows_) w[c] = std::max(w[c], r[c].size());
+    }
+    auto line = [&](const std::vector<std::string>& r) {
+      os << "|";
+      for (std::size_t c = 0; c < w.size(); ++c) {
+        const std::string pad(w[c] - r[c].size(), ' ');
+        os << ' ' << (right_[c] ? pad + r[c] : r[c] + pad) << " |";
+      }
+      os << '\n';
+    };
+    line(head_);
+    os << "|";
+    for (std::size_t c = 0; c < w.size(); ++c)
+      os << (right_[c] ? std::string(w[c] + 1, '-') + ":|" : std::string(w[c] + 2, '-') + "|");
+    os << '\n';
+    for (const auto& r : rows_) line(r);
+  }
+
+ private:
+  std::vector<std::string> head_;
+  std::vector<bool> right_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') out += '\\', out += char(c);
+    else if (c == '\n') out += "\\n";
+    else if (c < 0x20) out += fmt("\\u%04x", c);
+    else out += char(c);
+  }
+  return out + "\"";
+}
+
+// JSON has no NaN or infinity: a value that was not measured is null.
+std::string json_number(double x) { return std::isfinite(x) ? fmt("%.9g", x) : "null"; }
+
+// One JSON object, fields in the order they were added.
+class JsonObject {
+ public:
+  JsonObject& str(const std::string& k, const std::string& v) { return raw(k, json_string(v)); }
+  JsonObject& num(const std::string& k, double v) { return raw(k, json_number(v)); }
+  JsonObject& boolean(const std::string& k, bool v) { return raw(k, v ? "true" : "false"); }
+  JsonObject& raw(const std::string& k, const std::string& v) {
+    fields_.emplace_back(k, v);
+    return *this;
+  }
+  std::string dump(const std::string& indent = "") const {
+    std::string out = "{";
+    for (std::size_t i = 0; i < fields_.size(); ++i)
+      out += (i ? ",\n" : "\n") + indent + "  " + json_string(fields_[i].first) + ": " + fields_[i].second;
+    return out + "\n" + indent + "}";
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::string>> fields_;
+};
+
+// ---- Running one rung ----------------------------------------------------------------------------
+struct Problem {
+  AttentionShape shape;
+  DType dtype;
+  Inputs inputs;
+  std::vector<int64_t> verify_rows;  // empty: every row
+  std::optional<ReferenceForward> oracle;  // computed when the first rung needs it
+
+  const ReferenceForward& reference() {
+    if (!oracle) {
+      std::cerr << "computing the fp64 oracle on "
+                << (verify_rows.empty() ? shape.seq_q : int64_t(verify_rows.size()))
+                << " rows of each head...\n";
+      oracle = reference_forward(shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), verify_rows);
+    }
+    return *oracle;
+  }
+};
+
+struct Row {
+  const Rung* rung = nullptr;
+  std::string device;  // "cpu" or the GPU's short name
+  enum class Status { Pass, Fail, Skipped } status = Status::Skipped;
+  std::string note;    // why it was skipped or what failed
+  double ms = kNaN;    // median
+  double speedup = kNaN;
+  IoModel io;
+  double extra_bytes = kNaN;
+  double counted_io = kNaN;  // CPU twins: the bytes the twin actually moved (equals io by test)
+  std::optional<ForwardCheck> check;
+
+  const char* status_name() const {
+    return status == Status::Pass ? "PASS" : status == Status::Fail ? "FAIL" : "skipped";
+  }
+};
+
+Row run_rung(const Rung& r, Problem& p, const Options& opt, const std::string& gpu_short) {
+  Row row;
+  row.rung = &r;
+  const bool on_gpu = r.backend() == Backend::Cuda;
+  row.device = on_gpu ? gpu_short : "cpu";
+  auto skip = [&](std::string why) {
+    row.status = Row::Status::Skipped;
+    row.note = std::move(why);
+    return row;
+  };
+
+  std::string why;
+  if (!r.supports(p.shape, p.dtype, &why)) return skip(why);
+  row.io = r.modelled_io(p.shape, p.dtype);
+  row.extra_bytes = double(r.workspace_bytes(p.shape, p.dtype));
+  if (!on_gpu && opt.device != "cpu" && p.shape.flops_forward() > kCpuTwinFlopLimit)
+    return skip("CPU twins sit out problems over " + fmt("%.0f", kCpuTwinFlopLimit / 1e9) +
+                " GFLOP (this one is " + fmt("%.0f", p.shape.flops_forward() / 1e9) +
+                " GFLOP); --device cpu runs them anyway");
+
+  std::cerr << "running " << r.label() << "...\n";
+  try {
+    ForwardRun run(r, p.shape, p.dtype, p.inputs);  // outputs poisoned: unwritten rows show as NaN
+    IoCounter io;
+    run.run(on_gpu ? nullptr : &io);
+    const ForwardOutputs out = run.fetch();
+    if (!on_gpu) row.counted_io = double(io.total());
+    row.check = check_forward(p.shape, p.dtype, out, p.reference());
+    row.status = row.check->pass ? Row::Status::Pass : Row::Status::Fail;
+    if (!row.check->pass) row.note = row.check->str();
+    // A failing rung is still timed: rung 00 overflowing on large logits is no faster or slower
+    // for it, and the table should show that.
+    row.ms = run.time_ms(opt.warmup_for(r.backend()), opt.reps_for(r.backend()));
+  } catch (const gpu::OutOfMemory& e) {
+    return skip(e.what());
+  } catch (const std::bad_alloc&) {
+    return skip("out of host memory: the twin's arrays need about " +
+                describe_bytes(double(ForwardRun::device_bytes(r, p.shape, p.dtype))));
+  } catch (const std::exception& e) {
+    row.status = Row::Status::Fail;
+    row.note = std::string("error: ") + e.what();
+  }
+  return row;
+}
+
+// ---- Output --------------------------------------------------------------------------------------
+// O's relative L2 error, or how many elements are NaN / inf / never written when some are: their
+// error is no number, and the finite rest would look deceptively good.
+std::string rel_error(const Row& r) {
+  if (!r.check) return "-";
+  if (r.check->o.bad > 0) return std::to_string(r.check->o.bad) + " bad";
+  return fmt("%.1e", r.check->o.rel_l2);
+}
+
+void print_table(const std::vector<Row>& rows, const Problem& p, std::ostream& os) {
+  Table t({"rung", "device", "dtype", "time (ms)", "TFLOP/s", "speed-up", "modelled IO",
+           "extra memory", "rel err O", "check"},
+          {false, false, false, true, true, true, true, true, true, false});
+  // Notes (why skipped, what failed) go under the table, numbered, so rows stay one line wide.
+  std::vector<std::string> notes;
+  auto note_ref = [&](const std::string& n) {
+    auto it = std::find(notes.begin(), notes.end(), n);
+    if (it == notes.end()) it = notes.insert(notes.end(), n);
+    return " [" + std::to_string(it - notes.begin() + 1) + "]";
+  };
+  const double flops = p.shape.flops_forward();
+  for (const Row& r : rows) {
+    const bool ran = std::isfinite(r.ms);
+    const bool sized = std::isfinite(r.extra_bytes);
+    std::string check = r.status_name();
+    if (!r.note.empty()) check += note_ref(r.note);
+    t.add({r.rung->name(), r.device, dtype_name(p.dtype), ran ? sig3(r.ms) : "-",
+           ran ? sig3(flops / (r.ms * 1e-3) / 1e12) : "-",
+           std::isfinite(r.speedup) ? sig3(r.speedup) + "x" : "-",
+           sized ? describe_bytes(r.io.total()) : "-", sized ? describe_bytes(r.extra_bytes) : "-",
+           rel_error(r), check});
+  }
+  t.print(os);
+  for (std::size_t i = 0; i < notes.size(); ++i) os << "[" << i + 1 << "] " << notes[i] << '\n';
+}
+
+void write_json(const std::string& path, const std::vector<Row>& rows, const Problem& p,
+                const Options& opt, bool gpu_ok, const std::string& gpu_info) {
+  const AttentionShape& s = p.shape;
+  JsonObject problem;
+  problem.num("batch", s.batch).num("heads", s.heads).num("kv_heads", s.kv_heads)
+      .num("seq_q", s.seq_q).num("seq_k", s.seq_k).num("head_dim", s.head_dim)
+      .boolean("causal", s.causal).num("scale", s.softmax_scale()).str("dtype", dtype_name(p.dtype))
+      .raw("seed", std::to_string(p.inputs.seed)).str("inputs", input_kind_name(p.inputs.kind))
+      .num("flops_forward", s.flops_forward())
+      .num("verified_rows", double(p.verify_rows.empty() ? s.seq_q : int64_t(p.verify_rows.size())))
+      .str("shape", s.str());
+  JsonObject device;
+  device.boolean("gpu_available", gpu_ok).str(gpu_ok ? "gpu_name" : "gpu_skipped_reason", gpu_info)
+      .boolean("built_with_cuda", gpu::built_with_cuda()).str("date", bench::today_utc())
+      .num("warmup_cpu", opt.warmup_for(Backend::Cpu)).num("reps_cpu", opt.reps_for(Backend::Cpu))
+      .num("warmup_gpu", opt.warmup_for(Backend::Cuda)).num("reps_gpu", opt.reps_for(Backend::Cuda));
+  std::string row_list = "[";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    JsonObject o;
+    o.str("rung", r.rung->name()).str("backend", backend_name(r.rung->backend()))
+        .str("device", r.device).str("dtype", dtype_name(p.dtype)).str("status", r.status_name())
+        .str("note", r.note).num("time_ms", r.ms)
+        .num("tflops", s.flops_forward() / (r.ms * 1e-3) / 1e12).num("speedup", r.speedup)
+        .num("modelled_read_bytes", std::isfinite(r.extra_bytes) ? r.io.read : kNaN)
+        .num("modelled_written_bytes", std::isfinite(r.extra_bytes) ? r.io.written : kNaN)
+        .num("modelled_bytes", std::isfinite(r.extra_bytes) ? r.io.total() : kNaN)
+        .num("counted_bytes", r.counted_io).num("extra_bytes", r.extra_bytes);
+    if (r.check) {
+      const ForwardCheck& c = *r.check;
+      o.num("o_rel_l2", c.o.rel_l2).num("o_max_abs", c.o.max_abs).num("o_bad", double(c.o.bad))
+          .num("lse_rel_l2", c.lse.rel_l2).num("lse_max_abs", c.lse.max_abs)
+          .num("lse_bad", double(c.lse.bad)).num("tolerance", tolerance(p.dtype));
+    }
+    row_list += (i ? ",\n    " : "\n    ") + o.dump("    ");
+  }
+  row_list += rows.empty() ? "]" : "\n  ]";
+  JsonObject top;
+  top.raw("problem", problem.dump("  ")).raw("device", device.dump("  ")).raw("rows", row_list);
+  std::ofstream f(path);
+  if (!f) throw InputError("--json: cannot write '" + path + "'");
+  f << top.dump() << '\n';
+}
+
+void list_rungs(std::ostream& os) {
+  Table t({"rung", "backend", "dtypes", "head dims", "causal", "GQA", "backward", "idea"},
+          {false, false, false, false, false, false, false, false});
+  for (const Rung* r : Registry::instance().all()) {
+    const Capabilities c = r->caps();
+    std::string dtypes, dims;
+    for (DType d : c.dtypes) dtypes += (dtypes.empty() ? "" : ",") + std::string(dtype_name(d));
+    for (int d : c.head_dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+    if (dims.empty()) dims = "1.." + std::to_string(c.max_head_dim);
+    auto yn = [](bool b) { return std::string(b ? "yes" : "no"); };
+    t.add({r->name(), backend_name(r->backend()), dtypes, dims, yn(c.causal), yn(c.gqa),
+           yn(c.backward), r->idea()});
+  }
+  t.print(os);
+}
+
+// ---- main ----------------------------------------------------------------------------------------
+int ladder_main(int argc, char** argv) {
+  const Options opt = parse_args(argc, argv);
+  if (opt.help) {
+    std::cout << kUsage;
+    return 0;
+  }
+  if (opt.list) {
+    list_rungs(std::cout);
+    return 0;
+  }
+
+  Problem p;
+  p.shape = opt.shape();
+  p.shape.validate();
+  p.dtype = opt.dtype;
+  if (!opt.json.empty() && !std::ofstream(opt.json, std::ios::app))  // say so before the work
+    throw InputError("--json: cannot write '" + opt.json + "'");
+
+  std::string gpu_why;
+  const bool gpu_ok = opt.device != "cpu" && gpu::available(&gpu_why);
+  if (opt.device == "cuda" && !gpu_ok)
+    throw InputError("--device cuda: no GPU rung can run here: " + gpu_why);
+  const std::string gpu_name = gpu_ok ? gpu::device_name() : "";
+
+  std::vector<const Rung*> rungs =
+      bench::select_rungs(opt.rungs, opt.device != "cuda", opt.device != "cpu" && gpu_ok);
+  if (rungs.empty())
+    throw InputError("no rung of this build matches --rungs " + opt.rungs + " on --device " + opt.device);
+  // One ladder per device: the CPU twins from 00 up, then the GPU rungs, so each speed-up compares
+  // a rung with the one below it on the same hardware.
+  std::stable_partition(rungs.begin(), rungs.end(),
+                        [](const Rung* r) { return r->backend() == Backend::Cpu; });
+
+  const int64_t nq = p.shape.seq_q;
+  if (opt.verify_rows > 0) p.verify_rows = sample_rows(nq, opt.verify_rows);
+  else if (opt.verify_rows == 0 && nq > kAllRowsUpTo) p.verify_rows = sample_rows(nq, kSampledRows);
+  if (int64_t(p.verify_rows.size()) == nq) p.verify_rows.clear();
+  p.inputs = make_inputs(p.shape, p.dtype, opt.seed, opt.inputs);
+
+  std::cout << "Flash Ladder: " << p.shape.str() << ", " << dtype_name(p.dtype) << ", inputs "
+            << input_kind_name(opt.inputs) << ", seed " << opt.seed << '\n'
+            << "forward " << fmt("%.3g", p.shape.flops_forward() / 1e9) << " GFLOP; checked against "
+            << "the fp64 oracle on "
+            << (p.verify_rows.empty() ? "all " + std::to_string(nq)
+                                      : std::to_string(p.verify_rows.size()) + " of " + std::to_string(nq))
+            << " query rows of every head\n";
+  if (opt.device == "all" && !gpu_ok) std::cout << "GPU rungs skipped: " << gpu_why << '\n';
+  if (gpu_ok) std::cout << "GPU: " << gpu_name << '\n';
+  std::cout << "time: the median of";
+  if (opt.device != "cuda")
+    std::cout << " " << opt.reps_for(Backend::Cpu) << " runs after " << opt.warmup_for(Backend::Cpu)
+              << " warm-up on the CPU" << (gpu_ok ? "," : "");
+  if (gpu_ok)
+    std::cout << " " << opt.reps_for(Backend::Cuda) << " runs after " << opt.warmup_for(Backend::Cuda)
+              << " warm-up on the GPU (CUDA events, L2 flushed before each)";
+  std::cout << "\n" << std::endl;  // before the progress lines on stderr
+
+  std::vector<Row> rows;
+  const std::string gpu_short = gpu_ok ? bench::short_gpu_name(gpu_name) : "";
+  for (const Rung* r : rungs) rows.push_back(run_rung(*r, p, opt, gpu_short));
+
+  std::map<Backend, double> previous_ms;
+  for (Row& r : rows) {
+    if (!std::isfinite(r.ms)) continue;
+    const Backend b = r.rung->backend();
+    if (previous_ms.count(b)) r.speedup = previous_ms[b] / r.ms;
+    previous_ms[b] = r.ms;
+  }
+
+  print_table(rows, p, std::cout);
+  int pass = 0, fail = 0, skipped = 0;
+  for (const Row& r : rows)
+    (r.status == Row::Status::Pass ? pass : r.status == Row::Status::Fail ? fail : skipped)++;
+  std::cout << "\n" << pass << " passed, " << fail << " failed, " << skipped << " skipped"
+            << " (relative L2 tolerance for " << dtype_name(p.dtype) << ": "
+            << fmt("%.0e", tolerance(p.dtype)) << ")\n";
+  if (!opt.json.empty()) {
+    write_json(opt.json, rows, p, opt, gpu_ok, gpu_ok ? gpu_name : gpu_why);
+    std::cout << "wrote " << opt.json << '\n';
+  }
+  return fail ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace fl
+
+int main(int argc, char** argv) {
+  try {
+    return fl::ladder_main(argc, argv);
+  } catch (const fl::UsageError& e) {
+    std::cerr << "ladder: " << e.what() << "\n(ladder --help lists every flag)\n";
+    return 2;
+  } catch (const fl::InputError& e) {
+    std::cerr << "ladder: " << e.what() << '\n';
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ladder: " << e.what() << '\n';
+    return 1;
+  }
+}

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Figures for docs/ from the JSON that ladder_bench writes.
+
+    build/bench/ladder_bench --benchmark_out=results.json --benchmark_out_format=json
+    python3 bench/plot.py results.json [more.json ...] [--out docs/figures]
+
+For each device found (the CPU twins, and each GPU), it writes:
+  tflops_<device>.png        TFLOP/s of every rung against N (d=64, non-causal)
+  time_<device>.png          milliseconds per forward against N (log-log)
+  extra_memory_<device>.png  extra memory a rung needs (its workspace) against N, log y
+  modelled_io_<device>.png   bytes the rung's algorithm moves to and from device memory, log-log
+A shape a rung could not run (out of device memory, or it failed its check against the oracle)
+is marked with an x on the axis, so where the standard-attention rungs stop is visible.
+
+Only JSON fields are read: each benchmark's counters and its label of key=value pairs
+("rung=05_fa2_loop_order device=cuda dtype=fp32 B=1 H=16 N=4096 d=64 causal=0"), never the
+benchmark names or printed text. With repetitions, the median aggregate is used.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display needed on a GPU server or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
+
+TIME_UNIT_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def parse_label(label):
+    """'rung=00_naive_eigen device=cpu N=512 ...' -> {'rung': '00_naive_eigen', ...}."""
+    fields = {}
+    for item in (label or "").split():
+        key, sep, value = item.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def pick_entry(entries):
+    """The entry that stands for one benchmark: its median over repetitions, or its only run.
+
+    Returns (entry, error_message): entry is None when every repetition reported an error.
+    """
+    medians = [e for e in entries if e.get("run_type") == "aggregate" and e.get("aggregate_name") == "median"]
+    if medians:
+        return medians[0], None
+    runs = [e for e in entries if e.get("run_type", "iteration") == "iteration"]
+    good = [e for e in runs if not e.get("error_occurred")]
+    if good:
+        # Repetitions without aggregates (say --benchmark_repetitions with no median reported):
+        # take the run with the median time.
+        good.sort(key=lambda e: e["real_time"])
+        return good[len(good) // 2], None
+    if runs:
+        return None, runs[0].get("error_message", "error")
+    return None, None
+
+
+def load(paths):
+    """One record per benchmark: what ran (label), where (machine), and its numbers or its error."""
+    records = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        ctx = doc.get("context", {})
+        date = ctx.get("date_utc") or ctx.get("date", "")[:10]
+        by_run = defaultdict(list)
+        for b in doc.get("benchmarks", []):
+            by_run[b.get("run_name", b["name"])].append(b)
+        for entries in by_run.values():
+            info = parse_label(next((e.get("label") for e in entries if e.get("label")), ""))
+            if "rung" not in info:
+                continue  # not one of ours
+            entry, error = pick_entry(entries)
+            device = info.get("device", "?")
+            if device == "cuda":
+                machine = ctx.get("gpu", "unknown GPU")
+            else:
+                machine = "CPU twins, %s (%s cores)" % (ctx.get("host_name", "host"), ctx.get("num_cpus", "?"))
+            rec = {
+                "rung": info["rung"],
+                "device": device,
+                "dtype": info.get("dtype", "?"),
+                "machine": machine,
+                "date": date,
+                "B": int(info.get("B", 0)),
+                "H": int(info.get("H", 0)),
+                "N": int(info.get("N", 0)),
+                "d": int(info.get("d", 0)),
+                "causal": int(info.get("causal", 0)),
+                "error": error,
+            }
+            if entry is not None:
+                rec["time_ms"] = entry["real_time"] * TIME_UNIT_MS.get(entry.get("time_unit", "ns"), 1e-6)
+                for key in ("TFLOP/s", "GB/s", "modelled_bytes", "extra_bytes", "rel_err"):
+                    rec[key] = entry.get(key)
+            records.append(rec)
+    return records
+
+
+def describe_bytes(x, _pos=None):
+    """1048576 -> '1 MiB': the same binary units the ladder table prints."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            return ("%.0f %s" if x == int(x) else "%.3g %s") % (x, unit)
+        x /= 1024.0
+    return str(x)
+
+
+def slug(text):
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()
+
+
+def series(records):
+    """Records of one figure grouped into lines: {(rung, dtype): [records sorted by N]}."""
+    lines = defaultdict(dict)
+    for r in records:
+        lines[(r["rung"], r["dtype"])][r["N"]] = r  # a later file wins for the same point
+    return {k: [v[n] for n in sorted(v)] for k, v in sorted(lines.items())}
+
+
+def line_name(key, mixed_dtypes):
+    rung, dtype = key
+    return "%s (%s)" % (rung, dtype) if mixed_dtypes else rung
+
+
+def figure(records, value, ylabel, title, path, logy, zero_note=None, in_bytes=False):
+    """One line per rung: `value` (a record key) against N on a log2 axis.
+
+    Points with no result (an error) are drawn as x on the bottom axis. Rungs whose value is 0
+    everywhere cannot sit on a log axis; zero_note names them in a note on the figure instead.
+    """
+    lines = series(records)
+    if not lines:
+        return False
+    mixed = len({k[1] for k in lines}) > 1
+    cmap = plt.get_cmap("tab20" if len(lines) > 10 else "tab10")
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    all_n, zero_rungs, failed_any = set(), [], False
+    for i, (key, recs) in enumerate(lines.items()):
+        color = cmap(i % cmap.N)
+        ok = [r for r in recs if r["error"] is None and r.get(value) is not None]
+        bad = [r for r in recs if r["error"] is not None]
+        all_n.update(r["N"] for r in recs)
+        pts = [(r["N"], r[value]) for r in ok if not (logy and r[value] <= 0)]
+        if ok and not pts:
+            zero_rungs.append(line_name(key, mixed))
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", color=color, label=line_name(key, mixed))
+        if bad:
+            failed_any = True
+            # On the bottom edge whatever the y range: axes fraction for y, data for x.
+            ax.plot([r["N"] for r in bad], [0.0] * len(bad), linestyle="none", marker="x", markersize=9,
+                    markeredgewidth=2, color=color, transform=ax.get_xaxis_transform(), clip_on=False,
+                    label=None if pts else line_name(key, mixed))
+    if not ax.lines:
+        plt.close(fig)
+        return False
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(all_n))
+    ax.set_xticklabels([str(n) for n in sorted(all_n)])
+    ax.xaxis.set_minor_locator(NullLocator())  # only the N that were measured
+    if in_bytes:
+        # Powers of two read as 1 MiB, 4 MiB, 16 MiB: a factor of N² shows as a fixed step per N.
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_locator(LogLocator(base=2, numticks=12))
+        ax.yaxis.set_major_formatter(FuncFormatter(describe_bytes))
+        ax.yaxis.set_minor_locator(NullLocator())
+    elif logy:
+        ax.set_yscale("log")
+        # 1-2-5 ticks as plain numbers (0.05, 20, 300): readable whether the rungs span a factor
+        # of two (CPU twins) or of a thousand (a naive kernel to tensor cores).
+        lo, hi = ax.get_ylim()
+        subs = (1.0, 2.0, 5.0) if hi > 20 * lo else tuple(float(k) for k in range(1, 10))
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _pos: "%g" % y))
+        ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("sequence length N (Nq = Nk)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    notes = []
+    if failed_any:
+        notes.append("x: no result (out of device memory, or failed the oracle check: see the JSON)")
+    if zero_rungs and zero_note:
+        notes.append(zero_note + ": " + ", ".join(zero_rungs))
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=8, va="bottom")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("json", nargs="+", help="ladder_bench output (--benchmark_out=FILE --benchmark_out_format=json)")
+    ap.add_argument("--out", default="docs/figures", help="folder for the PNG files (default docs/figures)")
+    args = ap.parse_args(argv)
+
+    try:
+        records = load(args.json)
+    except (OSError, ValueError) as e:  # a missing file, or one that is not JSON
+        print("plot.py: cannot read the results: %s" % e, file=sys.stderr)
+        return 2
+    if not records:
+        print("plot.py: no ladder_bench results in %s" % ", ".join(args.json), file=sys.stderr)
+        return 1
+    os.makedirs(args.out, exist_ok=True)
+
+    groups = defaultdict(list)  # (device, machine) -> records
+    for r in records:
+        groups[(r["device"], r["machine"])].append(r)
+    machines_per_device = defaultdict(set)
+    for device, machine in groups:
+        machines_per_device[device].add(machine)
+
+    written = []
+    for (device, machine), recs in sorted(groups.items()):
+        # One machine per device: tflops_cuda.png; several (files from two GPUs): one set each.
+        tag = device if len(machines_per_device[device]) == 1 else "%s_%s" % (device, slug(machine))
+        date = max((r["date"] for r in recs), default="")
+        main_shape = [r for r in recs if r["d"] == 64 and r["causal"] == 0]
+        if not main_shape:
+            continue
+        b_h = sorted({(r["B"], r["H"]) for r in main_shape})
+        shape = ", ".join("B=%d H=%d" % bh for bh in b_h)
+        where = "%s%s" % (machine, ", " + date if date else "")
+        # The rungs span three orders of magnitude in speed (a naive kernel to tensor cores), so
+        # every y axis is logarithmic: equal heights are equal ratios, what the ladder is about.
+        charts = [
+            ("tflops", "TFLOP/s", "TFLOP/s (4·B·H·N²·d / time)", None, False,
+             "Forward TFLOP/s per rung, d=64, non-causal, %s\n%s" % (shape, where)),
+            ("time", "time_ms", "time per forward (ms)", None, False,
+             "Forward time per rung, d=64, non-causal, %s\n%s" % (shape, where)),
+            ("extra_memory", "extra_bytes", "extra memory (workspace beyond Q, K, V, O, lse)", "no extra memory",
+             True, "Extra memory per rung, d=64, non-causal, %s\n%s" % (shape, where)),
+            ("modelled_io", "modelled_bytes", "modelled device-memory traffic", None, True,
+             "Modelled bytes moved between device memory and chip, d=64, non-causal, %s\n%s" % (shape, where)),
+        ]
+        for name, value, ylabel, zero_note, in_bytes, title in charts:
+            path = os.path.join(args.out, "%s_%s.png" % (name, tag))
+            if figure(main_shape, value, ylabel, title, path, True, zero_note, in_bytes):
+                written.append(path)
+
+    for p in written:
+        print(p)
+    if not written:
+        print("plot.py: nothing to plot (no d=64 non-causal results)", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
