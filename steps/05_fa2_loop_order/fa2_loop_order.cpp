@@ -1,0 +1,81 @@
+// Rung 05, CPU twin: FlashAttention-2's loop order with Eigen blocks, every block counted.
+#include "fa2_loop_order.hpp"
+
+#include <limits>
+
+namespace fl::fa2 {
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}  // namespace
+
+Capabilities capabilities() {
+  Capabilities c;
+  c.dtypes = {DType::F32};
+  c.head_dims = {64, 128};
+  return c;
+}
+
+IoModel io_model(const AttentionShape& s) {
+  const double d = double(s.head_dim), w = sizeof(float);
+  double read = double(s.seq_q) * d, written = double(s.seq_q) * (d + 1);  // Q; O and lse
+  for (int64_t i0 = 0; i0 < s.seq_q; i0 += kBr) {
+    const int64_t end = visible_key_end(s, i0, std::min(kBr, s.seq_q - i0));
+    for (int64_t j0 = 0; j0 < end; j0 += kBc)  // K_j and V_j, whole blocks (the last one ragged)
+      read += 2.0 * double(std::min(kBc, s.seq_k - j0)) * d;
+  }
+  const double bh = double(s.batch * s.heads);
+  return {bh * w * read, bh * w * written};
+}
+
+void twin_forward(const AttentionShape& s, const ForwardArgs& a) {
+  IoCounter scratch;
+  IoCounter& io = a.io ? *a.io : scratch;
+  const int64_t d = s.head_dim, rows_all = s.batch * s.heads * s.seq_q;
+  HbmMatrix<const float> Q(static_cast<const float*>(a.q), rows_all, d, io);
+  HbmMatrix<const float> K(static_cast<const float*>(a.k), s.batch * s.kv_heads * s.seq_k, d, io);
+  HbmMatrix<const float> V(static_cast<const float*>(a.v), s.batch * s.kv_heads * s.seq_k, d, io);
+  HbmMatrix<float> O(static_cast<float*>(a.o), rows_all, d, io);
+  HbmMatrix<float> LSE(a.lse, rows_all, 1, io);
+  const float scale = s.softmax_scale();
+
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t q0 = (b * s.heads + h) * s.seq_q, k0 = (b * s.kv_heads + h / s.group()) * s.seq_k;
+      for (int64_t i0 = 0; i0 < s.seq_q; i0 += kBr) {  // outer: Q blocks (one thread block each)
+        const int64_t br = std::min(kBr, s.seq_q - i0);
+        const Block Qi = Q.load_rows(q0 + i0, br);
+        Block acc = Block::Zero(br, d);  // O_i, not yet divided by ℓ
+        std::vector<online_softmax::RowState> st(br);
+        const int64_t end = visible_key_end(s, i0, br);
+        for (int64_t j0 = 0; j0 < end; j0 += kBc) {  // inner: K/V blocks
+          const int64_t bc = std::min(kBc, s.seq_k - j0);  // whole blocks, as the kernel loads
+          const Block Kj = K.load_rows(k0 + j0, bc), Vj = V.load_rows(k0 + j0, bc);
+          Block S = (Qi * Kj.transpose()) * scale;
+          for (int64_t r = 0; r < br; ++r) {
+            for (int64_t c = 0; c < bc; ++c)
+              if (j0 + c > s.last_key(i0 + r)) S(r, c) = kNegInf;
+            // m_new = max(m, rowmax S); P = exp(S − m_new); ℓ = e^{m − m_new}·ℓ + rowsum P;
+            // O_i = e^{m − m_new}·O_i + P·V_j. No division here: that waits for the end.
+            const float m_new = std::max(st[r].m, S.row(r).maxCoeff());
+            if (m_new == kNegInf) continue;  // nothing visible yet in this row
+            const float alpha = std::exp(st[r].m - m_new);  // 0 when st[r].m = −∞
+            const Block P = (S.row(r).array() - m_new).exp().matrix();
+            st[r] = {m_new, alpha * st[r].l + P.sum()};
+            acc.row(r) = alpha * acc.row(r) + P * Vj;
+          }
+        }
+        Block lse(br, 1);
+        for (int64_t r = 0; r < br; ++r) {  // the deferred normalisation, once per row
+          const bool seen = st[r].l > 0.f;
+          acc.row(r) *= seen ? 1.f / st[r].l : 0.f;
+          lse(r, 0) = seen ? st[r].m + std::log(st[r].l) : kNegInf;
+        }
+        O.store(q0 + i0, 0, acc);
+        LSE.store(q0 + i0, 0, lse);
+      }
+    }
+}
+
+static const Register<Fa2<Backend::Cpu>> registered;
+
+}  // namespace fl::fa2
