@@ -1,0 +1,646 @@
+#!/usr/bin/env python3
+"""Writes measured results into the docs, from the JSON the benchmarks wrote. Standard library only.
+
+    python3 bench/report.py --results DIR          # rewrite the result blocks in docs/ and README.md
+    python3 bench/report.py --results DIR --check  # exit 1 if that would change anything
+
+DIR holds any of these (tests/gpu_suite.sh writes all three; docs/results/ keeps the published ones):
+
+    ladder.json   the ladder program (bench/ladder.cpp, --json): one run {"problem", "device",
+                  "rows"}, or several under names ({"default": run, "seq4096_heads16": run})
+    bench.json    ladder_bench (bench/ladder_bench.cpp): Google Benchmark's JSON; what ran is read
+                  from each benchmark's label (rung=... device=... N=...), numbers from its counters
+    torch.json    bench/compare_torch.py --json: a list of rows, one per kernel and shape, the
+                  ladder's rungs (kind "rung") and PyTorch's SDPA backends (kind "sdpa")
+
+What it rewrites: the text between a pair of markers, each alone on its line,
+
+    <!-- results:NN_name:begin -->  ...  <!-- results:NN_name:end -->   in docs/*.md: one rung
+    <!-- gpu-table:begin -->        ...  <!-- gpu-table:end -->         in README.md: every rung
+
+A block is made of parts, one per JSON file (ladder, bench, torch), each headed by the device, the
+date and the command that measured it. A file that is missing (or that a failed stage left as
+{"error": ...}) leaves its parts as they are; a block no file has anything for is left alone. So
+running this twice, or with only some of the files, never loses a table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import tempfile
+from collections import OrderedDict
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PARTS = ("ladder", "bench", "torch")
+SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
+DTYPES = ["fp32", "fp16", "bf16"]
+
+
+def dtype_key(t: str) -> int:
+    return DTYPES.index(t) if t in DTYPES else len(DTYPES)
+
+
+def kernel_key(name: str) -> tuple:
+    """The ladder's rungs in order, then PyTorch's backends in SDPA's order."""
+    peers = [p for p, _ in SDPA]
+    if name.startswith("sdpa_") and name[5:] in peers:
+        return (1, peers.index(name[5:]), name)
+    return (0, 0, name)
+
+# A block: its begin marker, its body, its end marker, each marker alone on its line. A marker
+# quoted in prose (`<!-- results:NN_name:begin -->` inside backticks) is not alone and not a block.
+BLOCK_RE = re.compile(
+    r"^(?P<begin>[ \t]*<!--[ \t]*(?P<name>results:(?P<rung>[A-Za-z0-9_]+)|gpu-table):begin[ \t]*-->[ \t]*)\n"
+    r"(?P<body>.*?)"
+    r"^(?P<end>[ \t]*<!--[ \t]*(?P=name):end[ \t]*-->[ \t]*)$",
+    re.M | re.S)
+PART_RE = re.compile(r"^<!-- part:([a-z]+) -->[ \t]*$", re.M)
+WRITTEN_BY = "<!-- written by bench/report.py from the results JSON: edit the JSON and rerun, not this text -->"
+
+
+# ---- Formatting (the same rules as bench/ladder.cpp, so the tables read alike) --------------------
+
+def sig3(x) -> str:
+    """Three significant digits without an exponent: 1234, 12.3, 0.0123."""
+    if x is None or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return "-"
+    a = abs(x)
+    for limit, fmt in ((100, "%.0f"), (10, "%.1f"), (1, "%.2f"), (0.1, "%.3f"), (0.01, "%.4f"),
+                       (0.001, "%.5f")):
+        if a >= limit:
+            return fmt % x
+    return "%.2e" % x
+
+
+def describe_bytes(b) -> str:
+    """1.50 GiB, 512 B: as fl::describe_bytes prints them."""
+    if b is None or not isinstance(b, (int, float)) or not math.isfinite(b):
+        return "-"
+    units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
+    u = 0
+    while b >= 1024 and u < len(units) - 1:
+        b /= 1024.0
+        u += 1
+    return "%.0f %s" % (b, units[u]) if u == 0 else "%.2f %s" % (b, units[u])
+
+
+def sci(x) -> str:
+    return "-" if x is None or not math.isfinite(x) else "%.1e" % x
+
+
+def cell(s) -> str:
+    """Table cells hold one line and no bare '|'."""
+    return " ".join(str(s).split()).replace("|", "\\|")
+
+
+def short(s, limit=160) -> str:
+    s = " ".join(str(s).split())
+    return s if len(s) <= limit else s[:limit - 4] + " ..."
+
+
+def table(head, rows, right) -> list[str]:
+    out = ["| " + " | ".join(head) + " |",
+           "|" + "|".join("---:" if r else "---" for r in right) + "|"]
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+class Notes:
+    """Footnotes under a table, so long reasons (why skipped, what failed) keep rows one line."""
+
+    def __init__(self):
+        self.items: list[str] = []
+
+    def ref(self, text: str) -> str:
+        text = short(text, 300)
+        if text not in self.items:
+            self.items.append(text)
+        return " [%d]" % (self.items.index(text) + 1)
+
+    def lines(self) -> list[str]:
+        return [""] + ["[%d] %s  " % (i + 1, cell(t)) for i, t in enumerate(self.items)] if self.items else []
+
+
+def day(s) -> str:
+    return str(s or "")[:10] or "date unknown"
+
+
+# ---- Reading the JSON ------------------------------------------------------------------------------
+
+def read_json(path: str):
+    """The parsed file; None (with a message) when it is absent or says it was not produced."""
+    if not os.path.exists(path):
+        print(f"report: {path}: not there; the blocks it feeds are left as they are")
+        return None
+    with open(path, encoding="utf-8") as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            sys.exit(f"report: {path} is not valid JSON: {e}")
+    if isinstance(doc, dict) and set(doc) == {"error"}:
+        print(f"report: {path}: {short(doc['error'])}; the blocks it feeds are left as they are")
+        return None
+    return doc
+
+
+def ladder_runs(doc) -> list[dict]:
+    """One ladder run, or several under names, as a list of runs (each with its name in "key")."""
+    if doc is None:
+        return []
+    if isinstance(doc, dict) and "rows" in doc:
+        return [dict(doc, key="run")]
+    runs = []
+    if isinstance(doc, dict):
+        for key, run in doc.items():
+            if isinstance(run, dict) and "rows" in run:
+                runs.append(dict(run, key=key))
+    if not runs:
+        sys.exit("report: ladder.json holds no ladder run (expected {\"problem\", \"device\", \"rows\"} "
+                 "or named runs of that form)")
+    return runs
+
+
+def ladder_command(run: dict) -> str:
+    """The ladder command line that gives this run's problem (its defaults left out)."""
+    p, dev, rows = run.get("problem", {}), run.get("device", {}), run.get("rows", [])
+    args = ["ladder"]
+    backends = {r.get("backend") for r in rows}
+    if backends == {"cuda"}:
+        args += ["--device", "cuda"]
+    elif backends == {"cpu"}:
+        args += ["--device", "cpu"]
+
+    def flag(name, value, default):
+        if value is not None and value != default:
+            args.extend([name, str(value)])
+
+    flag("--batch", p.get("batch"), 1)
+    flag("--heads", p.get("heads"), 4)
+    flag("--kv-heads", p.get("kv_heads"), p.get("heads"))
+    if p.get("seq_q") == p.get("seq_k"):
+        flag("--seq", p.get("seq_q"), 512)
+    else:
+        flag("--seq-q", p.get("seq_q"), None)
+        flag("--seq-k", p.get("seq_k"), None)
+    d = p.get("head_dim", 64)
+    flag("--head-dim", d, 64)
+    if p.get("causal"):
+        args.append("--causal")
+    scale = p.get("scale")
+    if scale and d and abs(scale - 1 / math.sqrt(d)) > 1e-6 * scale:
+        args += ["--scale", "%.6g" % scale]
+    flag("--dtype", p.get("dtype"), "fp32")
+    flag("--inputs", p.get("inputs"), "normal")
+    flag("--seed", p.get("seed"), 1234)
+    flag("--reps", dev.get("reps_gpu") if "cuda" in backends else None, 10)
+    return " ".join(str(a) for a in args + ["--json", "ladder.json"])
+
+
+def ladder_device(run: dict) -> str:
+    dev = run.get("device", {})
+    if dev.get("gpu_available"):
+        return dev.get("gpu_name") or "a GPU"
+    why = dev.get("gpu_skipped_reason")
+    return "the CPU only (no GPU: %s)" % short(why, 100) if why else "the CPU only"
+
+
+def problem_text(run: dict) -> str:
+    p = run.get("problem", {})
+    return "%s, %s" % (p.get("shape", "?"), p.get("dtype", "?"))
+
+
+def bench_records(doc) -> list[dict]:
+    """One record per benchmark of ladder_bench's JSON: what ran, and its numbers or its error.
+    With repetitions the median aggregate stands for the benchmark, as in bench/plot.py."""
+    if doc is None:
+        return []
+    if not isinstance(doc, dict) or "benchmarks" not in doc:
+        sys.exit("report: bench.json is not Google Benchmark JSON (no \"benchmarks\")")
+    ctx = doc.get("context", {})
+    date = ctx.get("date_utc") or ctx.get("date", "")
+    by_run: "OrderedDict[str, list]" = OrderedDict()
+    for b in doc.get("benchmarks", []):
+        by_run.setdefault(b.get("run_name", b.get("name")), []).append(b)
+    records = []
+    for entries in by_run.values():
+        label = next((e.get("label") for e in entries if e.get("label")), "")
+        info = dict(kv.split("=", 1) for kv in label.split() if "=" in kv)
+        if "rung" not in info:
+            continue  # not one of ours
+        medians = [e for e in entries if e.get("run_type") == "aggregate" and e.get("aggregate_name") == "median"]
+        runs = [e for e in entries if e.get("run_type", "iteration") == "iteration"]
+        good = [e for e in runs if not e.get("error_occurred")]
+        if medians:
+            entry, error = medians[0], None
+        elif good:
+            good.sort(key=lambda e: e.get("real_time", 0))
+            entry, error = good[len(good) // 2], None
+        else:
+            entry, error = None, (runs[0].get("error_message", "error") if runs else "no run recorded")
+        rec = {"rung": info["rung"], "device": info.get("device", "?"), "dtype": info.get("dtype", "?"),
+               "B": int(info.get("B", 0)), "H": int(info.get("H", 0)), "N": int(info.get("N", 0)),
+               "d": int(info.get("d", 0)), "causal": info.get("causal", "0") == "1",
+               "gpu": ctx.get("gpu", "?"), "host": ctx.get("host_name", ""), "date": date, "error": error}
+        if entry is not None:
+            unit = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[entry.get("time_unit", "ns")]
+            rec.update(ms=entry.get("real_time", float("nan")) * unit, tflops=entry.get("TFLOP/s"),
+                       gbps=entry.get("GB/s"), modelled=entry.get("modelled_bytes"),
+                       extra=entry.get("extra_bytes"), rel_err=entry.get("rel_err"))
+        records.append(rec)
+    return records
+
+
+def torch_rows(doc) -> list[dict]:
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        sys.exit("report: torch.json is not compare_torch.py's JSON (expected a list of rows)")
+    return [r for r in doc if isinstance(r, dict)]
+
+
+def torch_command(rows: list[dict]) -> str:
+    dtypes = sorted({r["dtype"] for r in rows if r.get("dtype")}, key=dtype_key)
+    device = "cpu" if all(r.get("device") == "cpu" for r in rows if r.get("kind") == "rung") else None
+    args = ["python3", "bench/compare_torch.py"]
+    if device:
+        args += ["--device", "cpu"]
+    if dtypes and dtypes != ["fp32"]:
+        args += ["--dtype", ",".join(dtypes)]
+    return " ".join(args + ["--json", "torch.json"])
+
+
+def torch_header(rows: list[dict]) -> str:
+    meta = next((r for r in rows if r.get("device")), {})
+    extra = []
+    if meta.get("torch"):
+        extra.append("PyTorch " + meta["torch"] + (" (CUDA %s)" % meta["torch_cuda"] if meta.get("torch_cuda") else ""))
+    return "on %s, %s%s, by `%s`" % (meta.get("device", "an unknown device"), day(meta.get("date")),
+                                     ", " + ", ".join(extra) if extra else "", torch_command(rows))
+
+
+# ---- The parts of a block --------------------------------------------------------------------------
+
+def ladder_rows_table(run: dict, rows: list[dict], with_rung: bool) -> list[str]:
+    notes = Notes()
+    head = (["rung"] if with_rung else []) + ["device", "dtype", "time (ms)", "TFLOP/s", "speed-up",
+                                              "modelled IO", "extra memory", "rel err O", "check"]
+    right = ([False] if with_rung else []) + [False, False, True, True, True, True, True, True, False]
+    body = []
+    for r in rows:
+        if r.get("o_bad"):
+            err = "%d bad" % r["o_bad"]
+        else:
+            err = sci(r.get("o_rel_l2"))
+        check = r.get("status", "?") + (notes.ref(r["note"]) if r.get("note") else "")
+        speed = r.get("speedup")
+        body.append(([r.get("rung", "?")] if with_rung else []) + [
+            r.get("device", "?"), r.get("dtype", "?"), sig3(r.get("time_ms")), sig3(r.get("tflops")),
+            sig3(speed) + "x" if speed is not None else "-", describe_bytes(r.get("modelled_bytes")),
+            describe_bytes(r.get("extra_bytes")), err, check])
+    return table(head, body, right) + notes.lines()
+
+
+def ladder_part(runs: list[dict], rung: str | None) -> str:
+    """The ladder's rows: one rung's (rung given) or every rung's, one table per run."""
+    out = []
+    for run in runs:
+        rows = [r for r in run.get("rows", []) if rung is None or r.get("rung") == rung]
+        if not rows:
+            continue
+        out += ["", "The `ladder` program on %s, %s, by `%s` (problem: %s)." % (
+            ladder_device(run), day(run.get("device", {}).get("date")), ladder_command(run), problem_text(run)), ""]
+        out += ladder_rows_table(run, rows, with_rung=rung is None)
+    if not out:
+        return ""
+    if rung is None:
+        out += ["", "Speed-up is over the rung above on the same device. Modelled IO is the rung's "
+                "closed-form traffic between device memory and the chip ([the IO model](docs/io_model.md)); "
+                "rel err O is the relative L2 error against the fp64 oracle."]
+    return "\n".join(out).strip("\n")
+
+
+def bench_part(records: list[dict], rung: str) -> str:
+    recs = [r for r in records if r["rung"] == rung]
+    if not recs:
+        return ""
+    groups: "OrderedDict[tuple, list]" = OrderedDict()
+    for r in recs:
+        groups.setdefault((r["device"], r["gpu"], r["host"], r["date"], r["dtype"], r["B"], r["H"], r["d"],
+                           r["causal"]), []).append(r)
+    out = []
+    for (device, gpu, host, date, dtype, b, h, d, causal), rs in groups.items():
+        where = gpu if device == "cuda" else "the CPU" + (" of " + host if host else "")
+        out += ["", "The Google Benchmark sweep on %s, %s, by `ladder_bench --fl_device=%s "
+                "--benchmark_out=bench.json --benchmark_out_format=json`: B=%d H=%d d=%d%s, %s, "
+                "against N." % (where, day(date), device, b, h, d, " causal" if causal else "", dtype), ""]
+        notes = Notes()
+        body = []
+        for r in sorted(rs, key=lambda r: r["N"]):
+            if r.get("error"):
+                why = "out of device memory" if "free" in r["error"] and "needs" in r["error"] else "not run"
+                body.append([str(r["N"]), "-", "-", "-", "-", "-", "-", why + notes.ref(r["error"])])
+                continue
+            body.append([str(r["N"]), sig3(r["ms"]), sig3(r["tflops"]), sig3(r["gbps"]),
+                         describe_bytes(r["modelled"]), describe_bytes(r["extra"]), sci(r["rel_err"]), "ok"])
+        out += table(["N", "time (ms)", "TFLOP/s", "modelled GB/s", "modelled IO", "extra memory",
+                      "rel err O", "ran"], body, [True, True, True, True, True, True, True, False])
+        out += notes.lines()
+    out += ["", "Time is the median over repetitions; modelled GB/s is the modelled IO divided by that time."]
+    return "\n".join(out).strip("\n")
+
+
+def torch_groups(rows: list[dict]) -> "OrderedDict[tuple, list]":
+    groups: "OrderedDict[tuple, list]" = OrderedDict()
+    for r in rows:
+        if r.get("kind") in ("rung", "sdpa") and r.get("shape"):
+            groups.setdefault((r["shape"], r.get("dtype", "?")), []).append(r)
+    return groups
+
+
+def rung_of(row: dict) -> str:
+    """'05_fa2_loop_order (cuda)' -> '05_fa2_loop_order'."""
+    return str(row.get("name", "")).split(" (")[0]
+
+
+def torch_part(rows: list[dict], rung: str) -> str:
+    mine = [r for r in rows if r.get("kind") == "rung" and rung_of(r) == rung]
+    if not mine:
+        return ""
+    notes = Notes()
+    body = []
+    for (shape, dtype), rs in torch_groups(rows).items():
+        peers = {r["name"][len("sdpa_"):]: r["ms"] for r in rs if r.get("kind") == "sdpa" and r.get("ms")}
+        for r in rs:
+            if r.get("kind") != "rung" or rung_of(r) != rung:
+                continue
+            if r.get("ms") is None:
+                why = r.get("skip") or r.get("error") or "not measured"
+                body.append([shape, dtype, "-", "-", "-", ("skipped" if r.get("skip") else "ERROR") + notes.ref(why)]
+                            + ["-"] * len(SDPA))
+                continue
+            ratios = ["%.2fx" % (r["ms"] / peers[p]) if peers.get(p) else "-" for p, _ in SDPA]
+            body.append([shape, dtype, sig3(r["ms"]), sig3(r.get("tflops")), sci(r.get("rel_err")),
+                         ("PASS" if r.get("passed") else "FAIL")] + ratios)
+    out = ["Beside PyTorch's attention kernels %s. The ratios are this rung's time over each SDPA "
+           "backend's on the same inputs in the same run: 2.00x is twice as slow. Shapes are "
+           "B x H x N x d, c for causal." % torch_header(rows), ""]
+    out += table(["shape", "dtype", "time (ms)", "TFLOP/s", "rel err O", "check"] + ["vs " + n for _, n in SDPA],
+                 body, [False, False, True, True, True, False] + [True] * len(SDPA))
+    out += notes.lines()
+    return "\n".join(out)
+
+
+def torch_summary_part(rows: list[dict]) -> str:
+    """For the README: per dtype, every kernel's time on every shape, the SDPA backends last."""
+    groups = torch_groups(rows)
+    if not groups:
+        return ""
+    out = ["Beside PyTorch's attention kernels %s: milliseconds per forward (lower is better), "
+           "each rung called through the C ABI on the same inputs, in the same run, as PyTorch's "
+           "SDPA backends. Shapes are B x H x N x d, c for causal; - where a kernel did not run "
+           "(too little memory, or a dtype or shape it does not take)." % torch_header(rows)]
+    for dtype in sorted({k[1] for k in groups}, key=dtype_key):
+        shapes = [s for (s, t) in groups if t == dtype]
+        kernels: list[str] = []
+        for (s, t), rs in groups.items():
+            if t == dtype:
+                for r in rs:
+                    if r["name"] not in kernels:
+                        kernels.append(r["name"])
+        kernels.sort(key=kernel_key)
+        body = []
+        for k in kernels:
+            row = [k]
+            for s in shapes:
+                r = next((r for r in groups[(s, dtype)] if r["name"] == k), None)
+                if r is None or r.get("ms") is None:
+                    row.append("-")
+                else:
+                    row.append(sig3(r["ms"]) + ("" if r.get("passed") in (True, None) else " FAIL"))
+            body.append(row)
+        out += ["", "**%s**" % dtype, ""]
+        out += table(["kernel"] + shapes, body, [False] + [True] * len(shapes))
+    return "\n".join(out)
+
+
+# ---- Rewriting the pages ---------------------------------------------------------------------------
+
+def split_parts(body: str) -> dict:
+    """The parts of an existing block, by name; {} when it has none (the "not measured" text)."""
+    marks = list(PART_RE.finditer(body))
+    parts = {}
+    for i, m in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(body)
+        parts[m.group(1)] = body[m.end():end].strip("\n")
+    return parts
+
+
+def new_body(old_body: str, fresh: dict) -> str | None:
+    """The block's new text: fresh parts where a file was read (None: file missing, keep the old
+    part). None when nothing is left to show, so the block stays as it is."""
+    old = split_parts(old_body)
+    parts = OrderedDict()
+    for name in PARTS:
+        text = fresh.get(name)
+        if text is None:
+            text = old.get(name, "")
+        if text:
+            parts[name] = text
+    if not parts:
+        return None
+    chunks = [WRITTEN_BY]
+    for name, text in parts.items():
+        chunks += ["<!-- part:%s -->" % name, text, ""]
+    return "\n".join(chunks)
+
+
+def rewrite(text: str, fresh_for) -> tuple[str, list[str]]:
+    """Rewrites every block in a page; fresh_for(rung or None) gives the fresh parts of a block."""
+    changed = []
+
+    def one(m):
+        body = new_body(m.group("body"), fresh_for(m.group("rung")))
+        if body is None:
+            return m.group(0)
+        if body + "\n" != m.group("body"):
+            changed.append(m.group("name"))
+        return "%s\n%s\n%s" % (m.group("begin"), body, m.group("end"))
+
+    return BLOCK_RE.sub(one, text), changed
+
+
+def check_markers(path: str, text: str):
+    """Every begin has its end: refuse a page where the regex would silently skip a block."""
+    begins = re.findall(r"^[ \t]*<!--[ \t]*(results:[A-Za-z0-9_]+|gpu-table):begin[ \t]*-->[ \t]*$", text, re.M)
+    found = [m.group("name") for m in BLOCK_RE.finditer(text)]
+    if sorted(begins) != sorted(found):
+        missing = [b for b in begins if b not in found]
+        sys.exit(f"report: {path}: block(s) {', '.join(missing)} have no matching end marker on a line of their own")
+
+
+def pages(docs_dir: str, readme: str) -> list[str]:
+    out = []
+    for root, dirs, files in os.walk(docs_dir):
+        dirs.sort()
+        out += [os.path.join(root, f) for f in sorted(files) if f.endswith(".md")]
+    if readme and os.path.exists(readme):
+        out.append(readme)
+    return out
+
+
+def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
+    ladder_doc = read_json(os.path.join(results, "ladder.json"))
+    bench_doc = read_json(os.path.join(results, "bench.json"))
+    torch_doc = read_json(os.path.join(results, "torch.json"))
+    runs, records, trows = ladder_runs(ladder_doc), bench_records(bench_doc), torch_rows(torch_doc)
+
+    def fresh_for(rung):
+        if rung is None:  # README's gpu-table: every rung
+            return {"ladder": ladder_part(runs, None) if ladder_doc is not None else None,
+                    "bench": None,
+                    "torch": torch_summary_part(trows) if torch_doc is not None else None}
+        return {"ladder": ladder_part(runs, rung) if ladder_doc is not None else None,
+                "bench": bench_part(records, rung) if bench_doc is not None else None,
+                "torch": torch_part(trows, rung) if torch_doc is not None else None}
+
+    stale = 0
+    for path in pages(docs_dir, readme):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        check_markers(path, text)
+        new, changed = rewrite(text, fresh_for)
+        rel = os.path.relpath(path, REPO) if os.path.abspath(path).startswith(REPO + os.sep) else path
+        if not changed:
+            continue
+        stale += 1
+        if check:
+            print(f"report: {rel}: out of date ({', '.join(changed)})")
+        else:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+            print(f"report: {rel}: rewrote {', '.join(changed)}")
+    if stale == 0:
+        print("report: every block is up to date")
+    return 1 if check and stale else 0
+
+
+# ---- Self-test: made-up JSON in, tables out, in a temporary folder ---------------------------------
+
+def self_test(keep: str | None = None) -> int:
+    page = ("# 00\n\nText `<!-- results:00_naive_eigen:begin -->` quoted in prose is no block.\n\n"
+            "<!-- results:00_naive_eigen:begin -->\nNot measured yet: run tests/gpu_suite.sh and bench/report.py.\n"
+            "<!-- results:00_naive_eigen:end -->\n\nAfter.\n")
+    readme = "# R\n\n<!-- gpu-table:begin -->\nNo GPU measurement has been recorded yet.\n<!-- gpu-table:end -->\n"
+    row = {"rung": "00_naive_eigen", "backend": "cuda", "device": "H100", "dtype": "fp32", "status": "PASS",
+           "note": "", "time_ms": 1.5, "tflops": 45.8, "speedup": None, "modelled_bytes": 5436080128,
+           "extra_bytes": 2147483648, "o_rel_l2": 3.1e-7, "o_bad": 0}
+    run1 = {"problem": {"batch": 1, "heads": 16, "kv_heads": 16, "seq_q": 4096, "seq_k": 4096, "head_dim": 64,
+                        "causal": False, "scale": 0.125, "dtype": "fp32", "seed": 1234, "inputs": "normal",
+                        "shape": "B=1 H=16 Hkv=16 Nq=4096 Nk=4096 d=64 causal=0"},
+            "device": {"gpu_available": True, "gpu_name": "NVIDIA H100 80GB HBM3", "date": "2030-01-02",
+                       "reps_gpu": 10},
+            "rows": [row, dict(row, rung="01_safe_softmax", status="FAIL", note="a | reason", o_bad=7)]}
+    bench = {"context": {"gpu": "NVIDIA H100 80GB HBM3", "date_utc": "2030-01-03"}, "benchmarks": [
+        {"name": "a", "run_name": "a", "run_type": "aggregate", "aggregate_name": "median", "real_time": 2.0,
+         "time_unit": "ms", "TFLOP/s": 34.4, "GB/s": 2700, "modelled_bytes": 5.4e9, "extra_bytes": 2 ** 31,
+         "rel_err": 2e-7, "label": "rung=00_naive_eigen device=cuda dtype=fp32 B=1 H=16 N=4096 d=64 causal=0"},
+        {"name": "b", "run_name": "b", "run_type": "iteration", "error_occurred": True,
+         "error_message": "00_naive_eigen needs 34 GiB, 30 GiB free",
+         "label": "rung=00_naive_eigen device=cuda dtype=fp32 B=1 H=16 N=16384 d=64 causal=0"}]}
+    torch_json = [
+        {"kind": "rung", "name": "00_naive_eigen (cuda)", "shape": "1x16x4096x64", "dtype": "fp32", "ms": 3.0,
+         "tflops": 22.9, "rel_err": 3e-7, "passed": True, "device": "NVIDIA H100 80GB HBM3",
+         "date": "2030-01-04T00:00:00+00:00", "torch": "2.11"},
+        {"kind": "sdpa", "name": "sdpa_flash", "shape": "1x16x4096x64", "dtype": "fp32", "ms": None,
+         "error": "no fp32"},
+        {"kind": "sdpa", "name": "sdpa_math", "shape": "1x16x4096x64", "dtype": "fp32", "ms": 1.5,
+         "passed": True}]
+    failures = []
+
+    def expect(cond, what):
+        if not cond:
+            failures.append(what)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        docs, res = os.path.join(tmp, "docs"), os.path.join(tmp, "results")
+        os.makedirs(docs)
+        os.makedirs(res)
+        chapter, rm = os.path.join(docs, "00_naive_eigen.md"), os.path.join(tmp, "README.md")
+        for path, text in ((chapter, page), (rm, readme)):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+
+        def read(p):
+            with open(p, encoding="utf-8") as f:
+                return f.read()
+
+        # No files at all: nothing changes.
+        run(res, docs, rm, False)
+        expect(read(chapter) == page and read(rm) == readme, "pages changed with no results")
+        # Only ladder.json (a named run, as tests/gpu_suite.sh writes it).
+        with open(os.path.join(res, "ladder.json"), "w") as f:
+            json.dump({"seq4096_heads16": run1}, f)
+        run(res, docs, rm, False)
+        c1 = read(chapter)
+        expect("NVIDIA H100 80GB HBM3, 2030-01-02" in c1, "ladder header (device, date) missing")
+        expect("`ladder --device cuda --heads 16 --seq 4096 --json ladder.json`" in c1, "ladder command wrong:\n" + c1)
+        expect("5.06 GiB" in c1 and "2.00 GiB" in c1 and "3.1e-07" in c1, "ladder numbers missing")
+        expect("01_safe_softmax" not in c1, "another rung's row in rung 00's block")
+        expect("Not measured yet" not in c1, "placeholder kept")
+        expect("quoted in prose is no block" in c1 and c1.endswith("After.\n"), "text outside the block changed")
+        r1 = read(rm)
+        expect("01_safe_softmax" in r1 and "7 bad" in r1 and "a \\| reason" in r1, "README table wrong:\n" + r1)
+        # Idempotent.
+        expect(run(res, docs, rm, True) == 0, "--check finds changes right after a rewrite")
+        # bench.json and torch.json added: the ladder part stays, the others appear.
+        with open(os.path.join(res, "bench.json"), "w") as f:
+            json.dump(bench, f)
+        with open(os.path.join(res, "torch.json"), "w") as f:
+            json.dump(torch_json, f)
+        expect(run(res, docs, rm, True) == 1, "--check misses new results")
+        run(res, docs, rm, False)
+        c2 = read(chapter)
+        expect("2030-01-02" in c2 and "2030-01-03" in c2 and "2030-01-04" in c2, "a part is missing:\n" + c2)
+        expect("out of device memory" in c2 and "| 4096 | 2.00 | 34.4 |" in c2, "bench table wrong:\n" + c2)
+        expect("| 1x16x4096x64 | fp32 | 3.00 | 22.9 | 3.0e-07 | PASS | - | - | - | 2.00x |" in c2,
+               "torch table wrong:\n" + c2)
+        # ladder.json gone (or an error placeholder): its part is kept as it was.
+        with open(os.path.join(res, "ladder.json"), "w") as f:
+            json.dump({"error": "not produced"}, f)
+        os.remove(os.path.join(res, "bench.json"))
+        run(res, docs, rm, False)
+        expect(read(chapter) == c2, "a missing file changed its part")
+        if keep:
+            shutil.copytree(tmp, keep, dirs_exist_ok=True)
+    if failures:
+        print("report self-test FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    print("report self-test passed")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", help="folder with ladder.json, bench.json, torch.json (any may be missing)")
+    ap.add_argument("--docs", default=os.path.join(REPO, "docs"), help="the pages with results blocks (default: docs/)")
+    ap.add_argument("--readme", default=os.path.join(REPO, "README.md"), help="the README with the gpu-table block")
+    ap.add_argument("--check", action="store_true", help="change nothing; exit 1 if a block is out of date")
+    ap.add_argument("--self-test", action="store_true", help="run on made-up JSON in a temporary folder")
+    ap.add_argument("--keep", help=argparse.SUPPRESS)  # --self-test --keep DIR: leave its pages in DIR
+    args = ap.parse_args(argv)
+    if args.self_test:
+        return self_test(args.keep)
+    if not args.results:
+        ap.error("--results DIR is required (docs/results holds the published results)")
+    if not os.path.isdir(args.results):
+        ap.error(f"--results {args.results}: not a folder")
+    return run(args.results, args.docs, args.readme, args.check)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,465 @@
+// The docs cannot drift from the code: every file and symbol a chapter names in `backticks` must
+// exist, every local link must resolve, and every rung directory must have its chapter.
+//
+// What counts as a name, in the Markdown of README.md and docs/**/*.md:
+//   * an inline code span with no spaces that looks like a repo path: it starts with one of the
+//     repo's top-level folders (common/ steps/ tests/ bench/ capi/ docs/ scripts/ cmake/ .ci/),
+//     or it ends in a source or doc extension (.cpp .cu .hpp .py .md ...). A bare file name
+//     (`naive_eigen.cu`) must exist somewhere in the tree; anything with a '/' must exist at that
+//     path from the source root. A trailing `:line` or `#anchor` is ignored; paths under build/
+//     and patterns (`steps/NN_name/`, `tests/test_<rung>.cpp`) are not files and are skipped.
+//   * in a code span with spaces (a command such as `diff steps/00_.../a.cu steps/01_.../b.cu`) and
+//     in fenced code blocks: each word that starts with one of those folders.
+//   * an inline code span that looks like a C++ name and is qualified (`fl::standard::io_model`),
+//     called (`merge()`), a kernel (`softmax_kernel`), snake_case (`softmax_reads`) or CamelCase
+//     (`TwinTrafficMatchesClosedForm`): each part between '::' must occur as a whole word in the
+//     sources under common/ steps/ tests/ bench/ capi/ cmake/. Short plain words (`merge`) and
+//     names with a double underscore (`__syncthreads`, profiler metrics) are not checked.
+//   * a Markdown link to a local file, [text](path): the path must exist, relative to the page.
+//
+// The source root comes from the build: FL_SOURCE_DIR (tests/CMakeLists.txt sets it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifndef FL_SOURCE_DIR
+#error "FL_SOURCE_DIR must be defined as the source root (see tests/CMakeLists.txt)"
+#endif
+
+namespace fl::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kRoot{FL_SOURCE_DIR};
+
+const std::vector<std::string> kRepoDirs = {"common/",  "steps/",   "tests/",  "bench/", "capi/",
+                                            "docs/",    "scripts/", "cmake/",  ".ci/"};
+const std::vector<std::string> kFileExts = {".cpp", ".cu",  ".hpp", ".cuh", ".h",   ".py",
+                                            ".sh",  ".md",  ".txt", ".json", ".cmake"};
+// Where a symbol named in the docs must be defined or used.
+const std::vector<std::string> kSourceDirs = {"common", "steps", "tests", "bench", "capi", "cmake"};
+const std::vector<std::string> kSourceExts = {".cpp", ".cu", ".hpp", ".cuh", ".h",
+                                              ".py",  ".sh", ".txt", ".cmake"};
+
+bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+bool has_space(const std::string& s) {
+  return std::any_of(s.begin(), s.end(), [](unsigned char c) { return std::isspace(c); });
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Build folders and version control are not part of the sources.
+bool skipped_dir(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n == ".git" || starts_with(n, "build") || n == "__pycache__" || n == ".deps";
+}
+
+template <class Fn>
+void walk(const fs::path& dir, Fn fn) {
+  if (!fs::is_directory(dir)) return;
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    if (it->is_directory() && skipped_dir(it->path())) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_regular_file()) fn(it->path());
+  }
+}
+
+// Everything the checks look names up in, read once.
+struct Corpus {
+  std::set<std::string> words;      // identifiers in the sources
+  std::set<std::string> basenames;  // file names anywhere in the tree
+
+  static const Corpus& get() {
+    static const Corpus c = build();
+    return c;
+  }
+
+ private:
+  static Corpus build() {
+    Corpus c;
+    walk(kRoot, [&](const fs::path& p) { c.basenames.insert(p.filename().string()); });
+    for (const std::string& d : kSourceDirs)
+      walk(kRoot / d, [&](const fs::path& p) {
+        const std::string ext = p.extension().string();
+        const bool source = std::find(kSourceExts.begin(), kSourceExts.end(), ext) != kSourceExts.end() ||
+                            p.filename() == "CMakeLists.txt";
+        // This file names symbols in its own examples; it must not vouch for them.
+        if (!source || p.filename() == "test_docs.cpp") return;
+        const std::string text = read_file(p);
+        std::string w;
+        for (char ch : text + " ") {
+          if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_') {
+            w += ch;
+          } else if (!w.empty()) {
+            c.words.insert(w);
+            w.clear();
+          }
+        }
+      });
+    return c;
+  }
+};
+
+// `steps/NN_name/`, `tests/test_<rung>.cpp`, `OUTDIR/ladder.json`: a pattern, not a file. A path
+// part that begins with a run of two or more capitals ending at '_' or at the part's end
+// (NN_name, OUTDIR, DIR) is a placeholder; README.md and CMakeLists.txt are not.
+bool is_pattern(const std::string& p) {
+  if (p.find_first_of("<>*?{}[]$~|") != std::string::npos) return true;
+  if (p.find("...") != std::string::npos || p.find("…") != std::string::npos) return true;
+  std::stringstream ss(p);
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    size_t n = 0;
+    while (n < part.size() && std::isupper(static_cast<unsigned char>(part[n]))) ++n;
+    if (n >= 2 && (n == part.size() || part[n] == '_')) return true;
+  }
+  return false;
+}
+
+// "./scripts/test.sh" -> "scripts/test.sh"; "a.cu:12" -> "a.cu"; "x.md#numerics" -> "x.md".
+std::string normalise_path(std::string p) {
+  while (!p.empty() && std::string(",;:.)\"'").find(p.back()) != std::string::npos) p.pop_back();
+  while (starts_with(p, "./")) p = p.substr(2);
+  if (const auto h = p.find('#'); h != std::string::npos) p = p.substr(0, h);
+  static const std::regex line_suffix(R"((:\d+)+(-\d+)?$)");
+  return std::regex_replace(p, line_suffix, "");
+}
+
+bool under_build(const std::string& p) { return starts_with(p, "build/") || starts_with(p, "build-"); }
+
+bool has_repo_prefix(const std::string& p) {
+  return std::any_of(kRepoDirs.begin(), kRepoDirs.end(), [&](const std::string& d) { return starts_with(p, d); });
+}
+
+// An inline code span (no spaces) that names a file of the repo.
+bool looks_like_path(const std::string& span) {
+  if (span.empty() || has_space(span) || starts_with(span, "/") || span.find("://") != std::string::npos)
+    return false;
+  const std::string p = normalise_path(span);
+  if (p.empty()) return false;
+  if (p.find('/') != std::string::npos && has_repo_prefix(p)) return true;
+  if (p.front() == '.' && p.find('/') == std::string::npos) return false;  // `.cu`: a kind of file
+  return std::any_of(kFileExts.begin(), kFileExts.end(), [&](const std::string& e) { return ends_with(p, e); });
+}
+
+// An inline code span that names a symbol the sources must have: qualified (`fl::merge`), called
+// (`merge()`), a kernel (`softmax_kernel`), or a bare name too particular to be an ordinary word:
+// snake_case (`softmax_reads`) or CamelCase with two capitals (a test's name). Plain words
+// (`merge`, `load`) and names with a double underscore (CUDA intrinsics, profiler metrics) are
+// left alone.
+bool looks_like_symbol(const std::string& span) {
+  static const std::regex symbol(R"(^(fl::)?[A-Za-z_][A-Za-z0-9_:]*(\(\))?$)");
+  if (!std::regex_match(span, symbol)) return false;
+  if (span.find("::") != std::string::npos || ends_with(span, "()") || ends_with(span, "_kernel")) return true;
+  if (span.find("__") != std::string::npos) return false;
+  const auto upper = std::count_if(span.begin(), span.end(), [](unsigned char c) { return std::isupper(c); });
+  const bool lower = std::any_of(span.begin(), span.end(), [](unsigned char c) { return std::islower(c); });
+  return (span.find('_') != std::string::npos && span.front() != '_') || (upper >= 2 && lower);
+}
+
+// Checks one path; returns an empty string when it exists, else what is wrong.
+std::string check_path(const std::string& raw, const fs::path& page_dir, bool relative_to_page) {
+  const std::string p = normalise_path(raw);
+  if (p.empty() || under_build(p) || is_pattern(p)) return "";
+  if (relative_to_page) {
+    if (fs::exists(page_dir / p)) return "";
+    const std::string rel = fs::relative(page_dir, kRoot).generic_string();
+    return "links to '" + raw + "', which does not exist (relative to " +
+           (rel == "." ? std::string("the repo root") : rel + "/") + ")";
+  }
+  if (p.find('/') == std::string::npos) {
+    if (Corpus::get().basenames.count(p)) return "";
+    return "names file '" + raw + "', which is nowhere in the source tree";
+  }
+  if (fs::exists(kRoot / p)) return "";
+  return "names path '" + raw + "', which does not exist";
+}
+
+std::string check_symbol(const std::string& span) {
+  std::string s = span;
+  if (ends_with(s, "()")) s.resize(s.size() - 2);
+  std::vector<std::string> missing;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t next = s.find("::", pos);
+    const std::string part = s.substr(pos, next == std::string::npos ? std::string::npos : next - pos);
+    if (!part.empty() && !Corpus::get().words.count(part)) missing.push_back(part);
+    if (next == std::string::npos) break;
+    pos = next + 2;
+  }
+  if (missing.empty()) return "";
+  std::string m = "names symbol '" + span + "', but ";
+  for (size_t i = 0; i < missing.size(); ++i) m += (i ? ", '" : "'") + missing[i] + "'";
+  return m + " occurs in no source under common/ steps/ tests/ bench/ capi/ cmake/";
+}
+
+struct Problems {
+  std::vector<std::string> paths, symbols, links;
+  int paths_checked = 0, symbols_checked = 0, links_checked = 0;
+};
+
+// Words of a command or code block that name repo paths: `diff steps/a.cu steps/b.cu`.
+void check_words(const std::string& text, const std::string& where, Problems& out) {
+  std::stringstream ss(text);
+  std::string w;
+  while (ss >> w) {
+    while (!w.empty() && std::string("\"'(`").find(w.front()) != std::string::npos) w.erase(0, 1);
+    std::string p = w;
+    while (starts_with(p, "./")) p = p.substr(2);
+    if (!has_repo_prefix(p) || p.find("://") != std::string::npos) continue;
+    ++out.paths_checked;
+    if (std::string e = check_path(w, {}, false); !e.empty()) out.paths.push_back(where + ": " + e);
+  }
+}
+
+// Checks one Markdown page. `name` is how messages name it; `dir` is the folder links resolve in.
+Problems check_markdown(const std::string& name, const std::string& text, const fs::path& dir) {
+  Problems out;
+  static const std::regex link(R"(\]\(([^)\s]+)(\s+"[^"]*")?\))");
+  std::stringstream ss(text);
+  std::string line;
+  int lineno = 0;
+  std::string fence;  // the fence that opened the current code block, empty outside one
+  while (std::getline(ss, line)) {
+    ++lineno;
+    const std::string where = name + ":" + std::to_string(lineno);
+    const size_t indent = line.find_first_not_of(' ');
+    const std::string body = indent == std::string::npos ? "" : line.substr(indent);
+    if (indent != std::string::npos && indent <= 3 && (starts_with(body, "```") || starts_with(body, "~~~"))) {
+      const std::string marker = body.substr(0, 3);
+      if (fence.empty()) fence = marker;
+      else if (marker == fence) fence.clear();
+      continue;
+    }
+    if (!fence.empty()) {
+      check_words(line, where, out);
+      continue;
+    }
+    // Inline code spans: a run of n backticks up to the next run of exactly n.
+    std::string prose;  // the line with its code spans taken out, for the link check
+    size_t i = 0;
+    while (i < line.size()) {
+      if (line[i] != '`') {
+        prose += line[i++];
+        continue;
+      }
+      size_t n = 0;
+      while (i + n < line.size() && line[i + n] == '`') ++n;
+      const std::string ticks(n, '`');
+      size_t close = line.find(ticks, i + n);
+      while (close != std::string::npos && close + n < line.size() && line[close + n] == '`')
+        close = line.find(ticks, close + n + 1);
+      if (close == std::string::npos) {  // an unmatched run is literal text
+        prose += ticks;
+        i += n;
+        continue;
+      }
+      std::string span = line.substr(i + n, close - i - n);
+      const size_t a = span.find_first_not_of(' '), b = span.find_last_not_of(' ');
+      span = a == std::string::npos ? "" : span.substr(a, b - a + 1);
+      i = close + n;
+      prose += ' ';
+      if (looks_like_path(span)) {
+        ++out.paths_checked;
+        if (std::string e = check_path(span, dir, false); !e.empty()) out.paths.push_back(where + ": " + e);
+      } else if (looks_like_symbol(span)) {
+        ++out.symbols_checked;
+        if (std::string e = check_symbol(span); !e.empty()) out.symbols.push_back(where + ": " + e);
+      } else if (has_space(span)) {
+        check_words(span, where, out);
+      }
+    }
+    for (auto it = std::sregex_iterator(prose.begin(), prose.end(), link); it != std::sregex_iterator(); ++it) {
+      const std::string target = (*it)[1].str();
+      if (target.find("://") != std::string::npos || starts_with(target, "#") || starts_with(target, "mailto:"))
+        continue;
+      ++out.links_checked;
+      if (std::string e = check_path(target, dir, true); !e.empty()) out.links.push_back(where + ": " + e);
+    }
+  }
+  return out;
+}
+
+// README.md and every page under docs/, in a fixed order.
+std::vector<fs::path> pages() {
+  std::vector<fs::path> v{kRoot / "README.md"};
+  walk(kRoot / "docs", [&](const fs::path& p) {
+    if (p.extension() == ".md") v.push_back(p);
+  });
+  std::sort(v.begin() + 1, v.end());
+  return v;
+}
+
+Problems check_all() {
+  Problems all;
+  for (const fs::path& p : pages()) {
+    const Problems one = check_markdown(fs::relative(p, kRoot).generic_string(), read_file(p), p.parent_path());
+    all.paths.insert(all.paths.end(), one.paths.begin(), one.paths.end());
+    all.symbols.insert(all.symbols.end(), one.symbols.begin(), one.symbols.end());
+    all.links.insert(all.links.end(), one.links.begin(), one.links.end());
+    all.paths_checked += one.paths_checked;
+    all.symbols_checked += one.symbols_checked;
+    all.links_checked += one.links_checked;
+  }
+  return all;
+}
+
+std::string listing(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& e : v) s += "\n  " + e;
+  return s;
+}
+
+// ---- The docs as they are --------------------------------------------------------------------
+
+TEST(Docs, SourceRootIsTheRepo) {
+  ASSERT_TRUE(fs::exists(kRoot / "README.md")) << "FL_SOURCE_DIR=" << kRoot << " has no README.md";
+  ASSERT_TRUE(fs::is_directory(kRoot / "steps")) << kRoot;
+}
+
+TEST(Docs, EveryNamedFileExists) {
+  const Problems p = check_all();
+  EXPECT_GT(p.paths_checked, 0) << "no file names found at all: is the extractor broken?";
+  EXPECT_TRUE(p.paths.empty()) << p.paths.size() << " file name(s) in the docs point nowhere:"
+                               << listing(p.paths);
+}
+
+TEST(Docs, EveryNamedSymbolExists) {
+  const Problems p = check_all();
+  EXPECT_GT(p.symbols_checked, 0) << "no symbols found at all: is the extractor broken?";
+  EXPECT_TRUE(p.symbols.empty()) << p.symbols.size() << " symbol(s) in the docs are not in the code:"
+                                 << listing(p.symbols);
+}
+
+TEST(Docs, EveryLocalLinkResolves) {
+  const Problems p = check_all();
+  EXPECT_TRUE(p.links.empty()) << p.links.size() << " link(s) in the docs are broken:" << listing(p.links);
+}
+
+// docs/NN_name.md beside every steps/NN_name/, and no chapter for a rung that is not there.
+TEST(Docs, EveryRungHasItsChapter) {
+  static const std::regex rung_dir(R"(^\d\d_[a-z0-9_]+$)");
+  std::vector<std::string> missing;
+  int rungs = 0;
+  for (const auto& e : fs::directory_iterator(kRoot / "steps")) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || !std::regex_match(n, rung_dir)) continue;
+    ++rungs;
+    if (!fs::exists(kRoot / "docs" / (n + ".md"))) missing.push_back("steps/" + n + "/ has no docs/" + n + ".md");
+  }
+  for (const auto& e : fs::directory_iterator(kRoot / "docs")) {
+    const std::string stem = e.path().stem().string();
+    if (e.path().extension() == ".md" && std::regex_match(stem, rung_dir) &&
+        !fs::is_directory(kRoot / "steps" / stem))
+      missing.push_back("docs/" + stem + ".md has no steps/" + stem + "/");
+  }
+  EXPECT_GT(rungs, 0);
+  std::sort(missing.begin(), missing.end());
+  EXPECT_TRUE(missing.empty()) << listing(missing);
+}
+
+// bench/report.py rewrites what lies between these markers, each alone on its line (a marker
+// quoted in prose is not one); an unbalanced pair would make it refuse the page. Every begin has
+// its end, and a rung's block names a rung that exists.
+TEST(Docs, ResultMarkersArePaired) {
+  static const std::regex marker(R"(^\s*<!--\s*(results:([A-Za-z0-9_]+)|gpu-table):(begin|end)\s*-->\s*$)");
+  std::vector<std::string> bad;
+  for (const fs::path& p : pages()) {
+    const std::string page = fs::relative(p, kRoot).generic_string();
+    std::stringstream text(read_file(p));
+    std::vector<std::string> open;
+    std::string line;
+    std::smatch mt;
+    while (std::getline(text, line)) {
+      if (!std::regex_match(line, mt, marker)) continue;
+      const std::string name = mt[1].str(), rung = mt[2].str(), what = mt[3].str();
+      if (what == "begin") {
+        if (!open.empty()) bad.push_back(page + ": " + name + " begins inside " + open.back());
+        open.push_back(name);
+        if (!rung.empty() && !fs::is_directory(kRoot / "steps" / rung))
+          bad.push_back(page + ": block " + name + " names no rung directory steps/" + rung);
+      } else if (open.empty() || open.back() != name) {
+        bad.push_back(page + ": " + name + ":end without its begin");
+      } else {
+        open.pop_back();
+      }
+    }
+    for (const std::string& o : open) bad.push_back(page + ": " + o + ":begin without its end");
+  }
+  EXPECT_TRUE(bad.empty()) << listing(bad);
+}
+
+// ---- The checker itself: it must catch what it is for ------------------------------------------
+
+TEST(DocsChecker, ClassifiesSpans) {
+  EXPECT_TRUE(looks_like_path("steps/00_naive_eigen/naive_eigen.cu"));
+  EXPECT_TRUE(looks_like_path("common/"));
+  EXPECT_TRUE(looks_like_path("naive_eigen.cu"));
+  EXPECT_TRUE(looks_like_path("./scripts/test.sh"));
+  EXPECT_FALSE(looks_like_path("ctest -L 00_naive_eigen"));
+  EXPECT_FALSE(looks_like_path("S = QKᵀ"));
+  EXPECT_FALSE(looks_like_path("https://example.org/a.md"));
+  EXPECT_TRUE(looks_like_symbol("fl::standard::io_model"));
+  EXPECT_TRUE(looks_like_symbol("merge()"));
+  EXPECT_TRUE(looks_like_symbol("softmax_kernel"));
+  EXPECT_FALSE(looks_like_symbol("softmax"));
+  EXPECT_TRUE(looks_like_symbol("softmax_reads"));
+  EXPECT_TRUE(looks_like_symbol("TwinTrafficMatchesClosedForm"));
+  EXPECT_FALSE(looks_like_symbol("dram__bytes"));
+  EXPECT_FALSE(looks_like_symbol("Ladder"));
+  EXPECT_FALSE(looks_like_symbol("exp(s - m)"));
+  EXPECT_TRUE(is_pattern("steps/NN_name/"));
+  EXPECT_TRUE(is_pattern("tests/test_<rung>.cpp"));
+  EXPECT_FALSE(is_pattern("README.md"));
+  EXPECT_FALSE(is_pattern("steps/00_naive_eigen/CMakeLists.txt"));
+  EXPECT_EQ(normalise_path("steps/00_naive_eigen/naive_eigen.cu:22"), "steps/00_naive_eigen/naive_eigen.cu");
+  EXPECT_EQ(normalise_path("docs/io_model.md#closed-form"), "docs/io_model.md");
+}
+
+TEST(DocsChecker, CatchesAMissingFileSymbolAndLink) {
+  const std::string page =
+      "A real one: `steps/00_naive_eigen/naive_eigen.cu:22`, `fl::standard::io_model`, [ok](../README.md).\n"
+      "A file that is not there: `steps/00_naive_eigen/no_such_file.cu`.\n"
+      "A symbol that is not there: `fl::standard::no_such_function`, and `no_such_kernel`.\n"
+      "A command naming a missing file: `diff steps/00_naive_eigen/naive_eigen.cu steps/99_gone/x.cu`.\n"
+      "A broken link: [gone](no_such_chapter.md).\n"
+      "```sh\n"
+      "python3 bench/no_such_script.py   # inside a fence, words with a repo folder are checked\n"
+      "`fl::not_checked_inside_a_fence`\n"
+      "```\n"
+      "Patterns are not files: `steps/NN_name/`, `tests/test_<rung>.cpp`, `build/bench/ladder`.\n";
+  const Problems p = check_markdown("planted.md", page, kRoot / "docs");
+  ASSERT_EQ(p.paths.size(), 3u) << listing(p.paths);
+  EXPECT_NE(p.paths[0].find("planted.md:2: "), std::string::npos) << p.paths[0];
+  EXPECT_NE(p.paths[0].find("no_such_file.cu"), std::string::npos) << p.paths[0];
+  EXPECT_NE(p.paths[1].find("planted.md:4: "), std::string::npos) << p.paths[1];
+  EXPECT_NE(p.paths[2].find("planted.md:7: "), std::string::npos) << p.paths[2];
+  ASSERT_EQ(p.symbols.size(), 2u) << listing(p.symbols);
+  EXPECT_NE(p.symbols[0].find("planted.md:3: "), std::string::npos) << p.symbols[0];
+  EXPECT_NE(p.symbols[0].find("'no_such_function'"), std::string::npos) << p.symbols[0];
+  EXPECT_NE(p.symbols[1].find("no_such_kernel"), std::string::npos) << p.symbols[1];
+  ASSERT_EQ(p.links.size(), 1u) << listing(p.links);
+  EXPECT_NE(p.links[0].find("planted.md:5: "), std::string::npos) << p.links[0];
+}
+
+}  // namespace
+}  // namespace fl::testing
