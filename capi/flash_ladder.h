@@ -1,0 +1,161 @@
+/* Flash Ladder's C ABI: every rung of the ladder, callable from C, Python (ctypes), or anything
+ * else that can call a C function. One header, one shared library (libflash_ladder.so).
+ *
+ * Why C and not C++: a C function with plain-old-data arguments has one calling convention on a
+ * platform, so ctypes, Julia, Rust or a PyTorch extension can call it without knowing our C++
+ * compiler, our standard library or our exceptions. Nothing C++ crosses this boundary: every
+ * failure becomes an fl_status plus a message in fl_last_error().
+ *
+ * Tensors are dense and contiguous, row-major, in these layouts (the rung contract, problem.hpp):
+ *   q    [B, H,   Nq, d]     query heads
+ *   k, v [B, Hkv, Nk, d]     key/value heads; query head h reads kv head h / (H / Hkv)
+ *   o    [B, H,   Nq, d]     output, same dtype as q
+ *   lse  [B, H,   Nq]        always fp32: log Σ_j exp(S_ij), natural log; −inf for a row that sees
+ *                            no key (its o row is 0, never NaN)
+ * Element type of q, k, v, o (and dout, dq, dk, dv) is the call's fl_dtype.
+ *
+ * Causal masking is bottom-right aligned: query i sees key j when j <= i + (Nk − Nq).
+ *
+ * Two ways to run a rung:
+ *   fl_forward       its CUDA kernel, on DEVICE pointers, launched on the stream you give;
+ *   fl_forward_host  its CPU twin, on HOST pointers (no GPU needed; slow, for study and tests).
+ *
+ * Thread safety: every function may be called from any thread. fl_last_error() is per thread.
+ */
+#ifndef FLASH_LADDER_H
+#define FLASH_LADDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FL_API __declspec(dllexport)
+#else
+#define FL_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a struct or a signature below changes, so a binding written against an older
+ * header (compare_torch.py mirrors fl_shape in ctypes) can refuse to run instead of misreading. */
+#define FL_ABI_VERSION 1
+
+/* One attention problem. Sizes are int64_t so Python ints pass unchanged. */
+typedef struct fl_shape {
+  int64_t batch;     /* B  >= 1 */
+  int64_t heads;     /* H  >= 1, query heads, a multiple of kv_heads */
+  int64_t kv_heads;  /* Hkv >= 1; Hkv < H is grouped-query attention */
+  int64_t seq_q;     /* Nq >= 1, any value, not only multiples of a block size */
+  int64_t seq_k;     /* Nk >= 1 */
+  int64_t head_dim;  /* d, each rung states the ones it runs */
+  int causal;        /* 0 or 1 (any non-zero is 1) */
+  double scale;      /* softmax scale; 0 means the default 1/sqrt(d); otherwise finite and > 0 */
+} fl_shape;
+
+typedef enum fl_dtype {
+  FL_FP32 = 0,  /* float */
+  FL_FP16 = 1,  /* IEEE half, 16-bit storage */
+  FL_BF16 = 2   /* bfloat16, 16-bit storage */
+} fl_dtype;
+
+typedef enum fl_status {
+  FL_OK = 0,
+  FL_ERR_INVALID = 1,        /* bad shape, null pointer, dtype / head dim / mask the rung does not
+                                run, too small a workspace, host pointer given to fl_forward */
+  FL_ERR_NOT_FOUND = 2,      /* no rung of that name on that backend in this build */
+  FL_ERR_OUT_OF_MEMORY = 3,  /* the problem does not fit in free device or host memory */
+  FL_ERR_CUDA = 4,           /* a CUDA call failed, or no usable GPU */
+  FL_ERR_INTERNAL = 5        /* anything else: a bug, please report it with fl_last_error() */
+} fl_status;
+
+/* Bytes a CPU twin moved between its "device memory" arrays and its on-chip blocks (the IO model),
+ * and the closed form the rung's algorithm predicts for the same problem. The rung interface has
+ * no closed form for the backward pass yet, so fl_backward_host leaves the modelled fields NaN. */
+typedef struct fl_io {
+  uint64_t read_bytes;        /* counted by the twin */
+  uint64_t written_bytes;
+  double modelled_read_bytes; /* the rung's formula */
+  double modelled_written_bytes;
+} fl_io;
+
+/* ---- The library --------------------------------------------------------------------------- */
+
+FL_API int fl_abi_version(void);       /* FL_ABI_VERSION of the library actually loaded */
+FL_API const char* fl_version(void);   /* "0.1" */
+/* One line saying how the library was built: version, CUDA or not, GPU architectures. */
+FL_API const char* fl_build_info(void);
+/* 1 when this build has GPU rungs and a CUDA device can run them; otherwise 0, and
+ * fl_last_error() says why (no CUDA at build time, no device, too old a device). */
+FL_API int fl_cuda_available(void);
+/* The message of the last call on this thread that failed; "" after a call that succeeded.
+ * The pointer stays valid until the next fl_ call on this thread. */
+FL_API const char* fl_last_error(void);
+FL_API const char* fl_status_name(fl_status s); /* "FL_ERR_INVALID", ... */
+
+/* ---- Listing the rungs ----------------------------------------------------------------------
+ * One entry per (rung, backend): "00_naive_eigen" appears twice in a CUDA build, once as "cpu"
+ * (its twin) and once as "cuda" (its kernel). Ordered by name, the CPU twin first.
+ * Out-of-range i returns NULL. Strings live as long as the library is loaded. */
+FL_API int fl_rung_count(void);
+FL_API const char* fl_rung_name(int i);     /* "00_naive_eigen", "06_tensor_core_mma/v3_pipeline" */
+FL_API const char* fl_rung_backend(int i);  /* "cpu" or "cuda" */
+FL_API const char* fl_rung_idea(int i);     /* one line: what the rung teaches */
+FL_API int fl_rung_has_backward(int i);     /* 1 if it implements fl_backward */
+
+/* 1 if rung `rung` on `backend` ("cpu" or "cuda") runs this shape and dtype; otherwise 0 and
+ * fl_last_error() names what it refused and what it supports. */
+FL_API int fl_rung_supports(const char* rung, const char* backend, const fl_shape* shape,
+                            fl_dtype dtype);
+
+/* ---- Forward ----------------------------------------------------------------------------------
+ * Workspace: extra memory a rung needs where it runs (rung 00 stores S and P there: 2·B·H·Nq·Nk
+ * fp32). Ask for the size, allocate it where the rung runs (device memory for "cuda"), pass it in.
+ * The library never allocates device memory behind your back, so a caching allocator (PyTorch's)
+ * stays in charge of the GPU's memory. */
+FL_API fl_status fl_forward_workspace_bytes(const char* rung, const char* backend,
+                                            const fl_shape* shape, fl_dtype dtype,
+                                            size_t* bytes /* out */);
+
+/* Runs the CUDA kernel of `rung`. q, k, v, o, lse and workspace are DEVICE pointers (or managed /
+ * pinned memory the device can read). cuda_stream is a cudaStream_t; NULL is the default stream.
+ * Asynchronous like a kernel launch: it returns once the work is queued on the stream. An error
+ * inside a kernel surfaces at the next synchronization (cudaStreamSynchronize,
+ * torch.cuda.synchronize) or at the next fl_ call that touches the GPU. Every buffer, the
+ * workspace too, must stay allocated until the stream has finished the work.
+ * Everything is checked before any work: on any status but FL_OK, nothing was launched.
+ * workspace may be NULL when the rung needs none; workspace_bytes smaller than needed is refused
+ * with a message naming the bytes needed. */
+FL_API fl_status fl_forward(const char* rung, const fl_shape* shape, fl_dtype dtype,
+                            const void* q, const void* k, const void* v, void* o, float* lse,
+                            void* workspace, size_t workspace_bytes, void* cuda_stream);
+
+/* Runs the CPU twin of `rung` on HOST pointers and returns when it is done. workspace may be NULL:
+ * then the library allocates the host workspace itself. io, if not NULL, receives the bytes the
+ * twin moved and the rung's modelled bytes. */
+FL_API fl_status fl_forward_host(const char* rung, const fl_shape* shape, fl_dtype dtype,
+                                 const void* q, const void* k, const void* v, void* o, float* lse,
+                                 void* workspace, size_t workspace_bytes, fl_io* io);
+
+/* ---- Backward (rungs whose fl_rung_has_backward is 1) -------------------------------------------
+ * From q, k, v, o, lse of the forward and dout = ∂loss/∂o, computes dq [B, H, Nq, d] and
+ * dk, dv [B, Hkv, Nk, d] (summed over the query heads of each group). Same rules as the forward:
+ * device pointers and a stream for fl_backward, host pointers for fl_backward_host. */
+FL_API fl_status fl_backward_workspace_bytes(const char* rung, const char* backend,
+                                             const fl_shape* shape, fl_dtype dtype,
+                                             size_t* bytes /* out */);
+FL_API fl_status fl_backward(const char* rung, const fl_shape* shape, fl_dtype dtype,
+                             const void* q, const void* k, const void* v, const void* o,
+                             const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                             void* workspace, size_t workspace_bytes, void* cuda_stream);
+FL_API fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dtype dtype,
+                                  const void* q, const void* k, const void* v, const void* o,
+                                  const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                                  void* workspace, size_t workspace_bytes, fl_io* io);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* FLASH_LADDER_H */

@@ -1,0 +1,358 @@
+// The C ABI seen from outside: only flash_ladder.h's functions touch the rungs (this executable
+// links the common core for the oracle and the inputs, never a rung). Each refusal is checked for
+// its status, for a message that names the problem, and for outputs left untouched.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "compare.hpp"
+#include "device.hpp"
+#include "flash_ladder.h"
+#include "harness.hpp"
+#include "reference.hpp"
+
+#if FLASH_LADDER_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+fl_shape c_shape(int64_t b, int64_t h, int64_t hkv, int64_t nq, int64_t nk, int64_t d, bool causal) {
+  return fl_shape{b, h, hkv, nq, nk, d, causal ? 1 : 0, 0.0};
+}
+
+fl::AttentionShape cpp_shape(const fl_shape& c) {
+  fl::AttentionShape s;
+  s.batch = c.batch, s.heads = c.heads, s.kv_heads = c.kv_heads;
+  s.seq_q = c.seq_q, s.seq_k = c.seq_k, s.head_dim = c.head_dim;
+  s.causal = c.causal != 0;
+  s.scale = c.scale;
+  return s;
+}
+
+struct Listed {
+  std::string name, backend;
+};
+std::vector<Listed> listed(const std::string& backend) {
+  std::vector<Listed> out;
+  for (int i = 0; i < fl_rung_count(); ++i)
+    if (backend == fl_rung_backend(i)) out.push_back({fl_rung_name(i), fl_rung_backend(i)});
+  return out;
+}
+
+// Fresh inputs for a problem, with host outputs poisoned: an element the rung never wrote stays
+// NaN and the comparison counts it as bad.
+struct HostProblem {
+  fl_shape shape;
+  fl::AttentionShape s;
+  fl::Inputs in;
+  std::vector<float> o, lse;
+  HostProblem(const fl_shape& c, uint64_t seed) : shape(c), s(cpp_shape(c)) {
+    in = fl::make_inputs(s, fl::DType::F32, seed);
+    o.assign(s.o_elems(), kNaN);
+    lse.assign(s.lse_elems(), kNaN);
+  }
+  fl_status run(const char* rung, fl_io* io = nullptr) {
+    return fl_forward_host(rung, &shape, FL_FP32, in.q.data(), in.k.data(), in.v.data(), o.data(),
+                           lse.data(), nullptr, 0, io);
+  }
+  bool untouched() const {
+    for (float x : o)
+      if (!std::isnan(x)) return false;
+    for (float x : lse)
+      if (!std::isnan(x)) return false;
+    return true;
+  }
+};
+
+void expect_matches_oracle(const fl::AttentionShape& s, fl::DType t, const fl::Inputs& in,
+                           const std::vector<float>& o, const std::vector<float>& lse) {
+  const fl::ReferenceForward ref = fl::reference_forward(s, in.q.data(), in.k.data(), in.v.data());
+  const fl::ErrorStats eo = fl::compare(o.data(), ref.o.data(), s.o_elems());
+  const fl::ErrorStats el = fl::compare(lse.data(), ref.lse.data(), s.lse_elems());
+  EXPECT_TRUE(fl::passes(eo, t)) << "O: " << eo.str();
+  EXPECT_TRUE(fl::passes(el, t)) << "lse: " << el.str();
+  EXPECT_EQ(eo.bad, 0) << "unwritten (still NaN) or non-finite O elements";
+  EXPECT_EQ(el.bad, 0) << "unwritten (still NaN) or wrong lse elements";
+}
+
+// Status and message in one assertion, so a failure prints both.
+#define EXPECT_REFUSED(call, status, needle)                                                 \
+  do {                                                                                     \
+    const fl_status st_ = (call);                                                          \
+    const std::string msg_ = fl_last_error();                                              \
+    EXPECT_EQ(st_, status) << fl_status_name(st_) << ": " << msg_;                          \
+    EXPECT_NE(msg_.find(needle), std::string::npos)                                        \
+        << "message should name '" << (needle) << "': " << msg_;                           \
+  } while (0)
+
+// ---- The library and its listing --------------------------------------------------------------
+
+TEST(CApi, VersionAndAbi) {
+  EXPECT_EQ(fl_abi_version(), FL_ABI_VERSION);
+  EXPECT_GT(std::strlen(fl_version()), 0u);
+  EXPECT_NE(std::string(fl_build_info()).find(fl_version()), std::string::npos);
+  EXPECT_STREQ(fl_status_name(FL_ERR_NOT_FOUND), "FL_ERR_NOT_FOUND");
+}
+
+TEST(CApi, ListsEveryRungWithItsBackend) {
+  const int n = fl_rung_count();
+  ASSERT_GT(n, 0);
+  bool naive_cpu = false;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_NE(fl_rung_name(i), nullptr);
+    ASSERT_NE(fl_rung_backend(i), nullptr);
+    ASSERT_NE(fl_rung_idea(i), nullptr);
+    const std::string backend = fl_rung_backend(i);
+    EXPECT_TRUE(backend == "cpu" || backend == "cuda") << backend;
+    EXPECT_GT(std::strlen(fl_rung_idea(i)), 0u) << fl_rung_name(i);
+    naive_cpu |= std::string(fl_rung_name(i)) == "00_naive_eigen" && backend == "cpu";
+  }
+  EXPECT_TRUE(naive_cpu) << "00_naive_eigen's CPU twin is not listed";
+  EXPECT_EQ(fl_rung_name(n), nullptr);
+  EXPECT_NE(std::string(fl_last_error()).find("out of range"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(fl_rung_name(-1), nullptr);
+  // GPU rungs are listed exactly when the build has them.
+  if (!fl::gpu::built_with_cuda()) {
+    EXPECT_TRUE(listed("cuda").empty());
+  }
+}
+
+TEST(CApi, SupportsSaysWhyNot) {
+  const fl_shape s = c_shape(1, 2, 1, 9, 9, 64, true);
+  EXPECT_EQ(fl_rung_supports("00_naive_eigen", "cpu", &s, FL_FP32), 1) << fl_last_error();
+  EXPECT_STREQ(fl_last_error(), "");
+  EXPECT_EQ(fl_rung_supports("00_naive_eigen", "cpu", &s, FL_FP16), 0);
+  EXPECT_NE(std::string(fl_last_error()).find("fp16"), std::string::npos) << fl_last_error();
+  EXPECT_EQ(fl_rung_supports("no_such_rung", "cpu", &s, FL_FP32), 0);
+  EXPECT_NE(std::string(fl_last_error()).find("no_such_rung"), std::string::npos);
+  EXPECT_EQ(fl_rung_supports("00_naive_eigen", "tpu", &s, FL_FP32), 0);
+  EXPECT_NE(std::string(fl_last_error()).find("tpu"), std::string::npos);
+}
+
+// ---- Forward on the CPU twins -----------------------------------------------------------------
+
+TEST(CApi, HostForwardOfEveryTwinMatchesTheOracle) {
+  const uint64_t seed = 20240611;
+  const std::vector<fl_shape> shapes = {
+      c_shape(2, 4, 2, 33, 47, 16, false),  // GQA 2:1, B·H = 8, ragged
+      c_shape(1, 2, 2, 40, 25, 32, true),   // Nq > Nk causal: rows 0..14 see no key (lse −∞)
+      c_shape(1, 1, 1, 1, 1, 8, true),      // one query, one key
+  };
+  const auto twins = listed("cpu");
+  ASSERT_FALSE(twins.empty());
+  for (const Listed& r : twins) {
+    for (const fl_shape& c : shapes) {
+      if (!fl_rung_supports(r.name.c_str(), "cpu", &c, FL_FP32)) continue;
+      HostProblem p(c, seed);
+      SCOPED_TRACE(r.name + " " + p.s.str() + " seed=" + std::to_string(seed));
+      fl_io io{};
+      ASSERT_EQ(p.run(r.name.c_str(), &io), FL_OK) << fl_last_error();
+      EXPECT_STREQ(fl_last_error(), "");
+      expect_matches_oracle(p.s, fl::DType::F32, p.in, p.o, p.lse);
+      // The twin's counted traffic is its closed form exactly (the IO model's promise).
+      EXPECT_EQ(double(io.read_bytes), io.modelled_read_bytes);
+      EXPECT_EQ(double(io.written_bytes), io.modelled_written_bytes);
+      EXPECT_GT(io.read_bytes, 0u);
+    }
+  }
+}
+
+TEST(CApi, HostForwardTakesTheCallersWorkspace) {
+  HostProblem p(c_shape(1, 2, 1, 21, 30, 16, true), 7);
+  size_t bytes = 1;
+  ASSERT_EQ(fl_forward_workspace_bytes("00_naive_eigen", "cpu", &p.shape, FL_FP32, &bytes), FL_OK)
+      << fl_last_error();
+  EXPECT_EQ(bytes, 2 * sizeof(float) * size_t(p.s.score_elems()));  // S and P
+  std::vector<float> ws(bytes / sizeof(float));
+  ASSERT_EQ(fl_forward_host("00_naive_eigen", &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
+                            p.in.v.data(), p.o.data(), p.lse.data(), ws.data(), bytes, nullptr),
+            FL_OK)
+      << fl_last_error();
+  expect_matches_oracle(p.s, fl::DType::F32, p.in, p.o, p.lse);
+}
+
+// ---- Refusals: the right status, a message naming the problem, nothing written ------------------
+
+TEST(CApi, RefusesBadInputsBeforeAnyWork) {
+  HostProblem p(c_shape(1, 2, 1, 12, 12, 16, false), 3);
+  const char* rung = "00_naive_eigen";
+  auto call = [&](const fl_shape* s, fl_dtype t, const void* q) {
+    return fl_forward_host(rung, s, t, q, p.in.k.data(), p.in.v.data(), p.o.data(), p.lse.data(),
+                           nullptr, 0, nullptr);
+  };
+  fl_shape bad = p.shape;
+  bad.batch = 0;
+  EXPECT_REFUSED(call(&bad, FL_FP32, p.in.q.data()), FL_ERR_INVALID, "batch");
+  bad = p.shape;
+  bad.kv_heads = 3;
+  EXPECT_REFUSED(call(&bad, FL_FP32, p.in.q.data()), FL_ERR_INVALID, "multiple");
+  bad = p.shape;
+  bad.scale = -1;
+  EXPECT_REFUSED(call(&bad, FL_FP32, p.in.q.data()), FL_ERR_INVALID, "scale");
+  bad = p.shape;
+  bad.head_dim = 512;
+  EXPECT_REFUSED(call(&bad, FL_FP32, p.in.q.data()), FL_ERR_INVALID, "head_dim 512");
+  EXPECT_REFUSED(call(nullptr, FL_FP32, p.in.q.data()), FL_ERR_INVALID, "shape is NULL");
+  EXPECT_REFUSED(call(&p.shape, FL_FP16, p.in.q.data()), FL_ERR_INVALID, "fp16");
+  EXPECT_REFUSED(call(&p.shape, static_cast<fl_dtype>(7), p.in.q.data()), FL_ERR_INVALID,
+                 "dtype 7");
+  EXPECT_REFUSED(call(&p.shape, FL_FP32, nullptr), FL_ERR_INVALID, "'q'");
+  EXPECT_REFUSED(fl_forward_host("99_no_such_rung", &p.shape, FL_FP32, p.in.q.data(),
+                                 p.in.k.data(), p.in.v.data(), p.o.data(), p.lse.data(), nullptr,
+                                 0, nullptr),
+                 FL_ERR_NOT_FOUND, "99_no_such_rung");
+  EXPECT_REFUSED(fl_forward_host(nullptr, &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
+                                 p.in.v.data(), p.o.data(), p.lse.data(), nullptr, 0, nullptr),
+                 FL_ERR_INVALID, "rung name is NULL");
+  // A workspace given but too small: the message names the bytes needed.
+  size_t need = 0;
+  ASSERT_EQ(fl_forward_workspace_bytes(rung, "cpu", &p.shape, FL_FP32, &need), FL_OK);
+  std::vector<unsigned char> small(16);
+  EXPECT_REFUSED(fl_forward_host(rung, &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
+                                 p.in.v.data(), p.o.data(), p.lse.data(), small.data(),
+                                 small.size(), nullptr),
+                 FL_ERR_INVALID, std::to_string(need) + " bytes");
+  EXPECT_TRUE(p.untouched()) << "a refused call wrote to its outputs";
+
+  EXPECT_REFUSED(fl_forward_workspace_bytes(rung, "cpu", &p.shape, FL_FP32, nullptr),
+                 FL_ERR_INVALID, "bytes");
+  // Success clears the message.
+  ASSERT_EQ(p.run(rung), FL_OK) << fl_last_error();
+  EXPECT_STREQ(fl_last_error(), "");
+}
+
+TEST(CApi, BackwardIsRefusedByRungsWithoutOne) {
+  HostProblem p(c_shape(1, 1, 1, 8, 8, 16, false), 5);
+  std::vector<float> g(p.o.size(), 1.f), dq(p.o.size()), dk(p.in.k.size()), dv(p.in.v.size());
+  for (int i = 0; i < fl_rung_count(); ++i) {
+    if (fl_rung_has_backward(i) || std::string(fl_rung_backend(i)) != "cpu") continue;
+    const char* rung = fl_rung_name(i);
+    SCOPED_TRACE(rung);
+    EXPECT_REFUSED(fl_backward_host(rung, &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
+                                    p.in.v.data(), p.o.data(), p.lse.data(), g.data(), dq.data(),
+                                    dk.data(), dv.data(), nullptr, 0, nullptr),
+                   FL_ERR_INVALID, "backward");
+    size_t bytes = 0;
+    EXPECT_REFUSED(fl_backward_workspace_bytes(rung, "cpu", &p.shape, FL_FP32, &bytes),
+                   FL_ERR_INVALID, "backward");
+  }
+}
+
+TEST(CApi, DeviceEntryPointNamesWhatIsMissing) {
+  if (fl_cuda_available()) GTEST_SKIP() << "a GPU is present; GpuForward covers the device path";
+  const std::string why = fl_last_error();
+  EXPECT_FALSE(why.empty()) << "fl_cuda_available returned 0 without saying why";
+  HostProblem p(c_shape(1, 1, 1, 4, 4, 16, false), 1);
+  const fl_status st = fl_forward("00_naive_eigen", &p.shape, FL_FP32, p.in.q.data(),
+                                  p.in.k.data(), p.in.v.data(), p.o.data(), p.lse.data(), nullptr,
+                                  0, nullptr);
+  EXPECT_TRUE(st == FL_ERR_NOT_FOUND || st == FL_ERR_CUDA) << fl_status_name(st);
+  EXPECT_GT(std::strlen(fl_last_error()), 0u);
+  EXPECT_TRUE(p.untouched());
+}
+
+// ---- Forward on the GPU kernels -----------------------------------------------------------------
+
+#if FLASH_LADDER_HAS_CUDA
+fl::DType cpp_dtype(fl_dtype t) {
+  return t == FL_FP32 ? fl::DType::F32 : t == FL_FP16 ? fl::DType::F16 : fl::DType::BF16;
+}
+
+// One problem in device memory: inputs rounded to the dtype, outputs poisoned (NaN).
+struct DeviceProblem {
+  fl_shape shape;
+  fl::AttentionShape s;
+  fl::DType t;
+  fl::Inputs in;
+  fl::gpu::DeviceBuffer q, k, v, o, lse;
+  DeviceProblem(const fl_shape& c, fl_dtype dt, uint64_t seed)
+      : shape(c), s(cpp_shape(c)), t(cpp_dtype(dt)) {
+    in = fl::make_inputs(s, t, seed);
+    const size_t e = fl::dtype_bytes(t);
+    q = fl::gpu::DeviceBuffer(s.q_elems() * e);
+    k = fl::gpu::DeviceBuffer(s.kv_elems() * e);
+    v = fl::gpu::DeviceBuffer(s.kv_elems() * e);
+    o = fl::gpu::DeviceBuffer(s.o_elems() * e);
+    lse = fl::gpu::DeviceBuffer(s.lse_elems() * sizeof(float));
+    auto up = [&](fl::gpu::DeviceBuffer& b, const std::vector<float>& x) {
+      const auto bytes = fl::to_storage(x, t);
+      b.upload(bytes.data(), bytes.size());
+    };
+    up(q, in.q), up(k, in.k), up(v, in.v);
+    o.poison();
+    lse.poison();
+    fl::gpu::synchronize();
+  }
+  std::vector<float> fetch_o() const {
+    std::vector<unsigned char> b(o.size());
+    o.download(b.data(), b.size());
+    return fl::from_storage(b, t);
+  }
+  std::vector<float> fetch_lse() const {
+    std::vector<float> x(s.lse_elems());
+    lse.download(x.data(), x.size() * sizeof(float));
+    return x;
+  }
+};
+#endif
+
+TEST(CApi, GpuForward) {
+  if (!fl_cuda_available()) GTEST_SKIP() << "no GPU: " << fl_last_error();
+#if FLASH_LADDER_HAS_CUDA
+  const auto kernels = listed("cuda");
+  ASSERT_FALSE(kernels.empty()) << "a GPU is present but no GPU rung is listed";
+  const std::vector<fl_shape> shapes = {
+      c_shape(2, 4, 2, 77, 130, 64, true),    // ragged, GQA, Nq < Nk causal
+      c_shape(1, 2, 2, 130, 77, 64, true),    // Nq > Nk causal: rows that see no key
+      c_shape(1, 3, 1, 65, 64, 128, false),   // d = 128, GQA 3:1
+  };
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  for (const Listed& r : kernels) {
+    for (const fl_shape& c : shapes) {
+      for (fl_dtype dt : {FL_FP32, FL_FP16, FL_BF16}) {
+        if (!fl_rung_supports(r.name.c_str(), "cuda", &c, dt)) continue;
+        DeviceProblem p(c, dt, 11);
+        SCOPED_TRACE(r.name + " " + p.s.str() + " " + fl::dtype_name(p.t));
+        size_t bytes = 0;
+        ASSERT_EQ(fl_forward_workspace_bytes(r.name.c_str(), "cuda", &c, dt, &bytes), FL_OK)
+            << fl_last_error();
+        fl::gpu::DeviceBuffer ws(bytes);
+        if (bytes > 0) {
+          // One byte short is refused, naming the bytes needed, and nothing is launched.
+          EXPECT_REFUSED(fl_forward(r.name.c_str(), &c, dt, p.q.get(), p.k.get(), p.v.get(),
+                                    p.o.get(), static_cast<float*>(p.lse.get()), ws.get(),
+                                    bytes - 1, stream),
+                         FL_ERR_INVALID, std::to_string(bytes) + " bytes");
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          const auto o = p.fetch_o();
+          EXPECT_TRUE(std::isnan(o.front()) && std::isnan(o.back())) << "refused call wrote O";
+        }
+        // A host pointer where a device pointer belongs is refused, not faulted on.
+        EXPECT_REFUSED(fl_forward(r.name.c_str(), &c, dt, p.in.q.data(), p.k.get(), p.v.get(),
+                                  p.o.get(), static_cast<float*>(p.lse.get()), ws.get(), bytes,
+                                  stream),
+                       FL_ERR_INVALID, "host memory");
+
+        ASSERT_EQ(fl_forward(r.name.c_str(), &c, dt, p.q.get(), p.k.get(), p.v.get(), p.o.get(),
+                             static_cast<float*>(p.lse.get()), ws.get(), bytes, stream),
+                  FL_OK)
+            << fl_last_error();
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess)
+            << cudaGetErrorString(cudaGetLastError());
+        expect_matches_oracle(p.s, p.t, p.in, p.fetch_o(), p.fetch_lse());
+      }
+    }
+  }
+  cudaStreamDestroy(stream);
+#endif
+}
+
+}  // namespace
