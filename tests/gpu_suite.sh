@@ -29,6 +29,7 @@
 #                      machine that has no C++ packages and no network (default: .deps)
 #   FL_TORCH_DTYPES    dtypes for compare_torch.py (default fp32,bf16)
 #   FL_BUILD_DIR       build folder (default build-hopper, the hopper preset's)
+#   FL_KEEP_OBJECTS    set: keep compiled CUDA objects (ptxas.log then covers only what changed)
 #   FL_STAGES          comma list of the stages to run (default: all). Configure and build always
 #                      run; a 10-minute device call can take "ctest,memcheck,racecheck,initcheck,
 #                      ladder" and a second one "bench,torch,io" on the same build.
@@ -164,7 +165,8 @@ configure() {
 build() {
   # ptxas reports only what it compiles: drop the CUDA objects so every kernel is compiled (and
   # reported) in this run even when the build folder was kept from an earlier one.
-  find "$BUILD" -name '*.cu.o' -delete 2>/dev/null
+  # FL_KEEP_OBJECTS=1 skips that, for a second call on a warm machine whose first call reported.
+  [[ -n ${FL_KEEP_OBJECTS:-} ]] || find "$BUILD" -name '*.cu.o' -delete 2>/dev/null
   cmake --build "$BUILD" -j "$JOBS" 2>&1 | tee "$TMP/build.log"
   local rc=${PIPESTATUS[0]}
   # The ptxas report: each "Building CUDA object" line, then ptxas's lines for its kernels, with
@@ -310,10 +312,20 @@ export REPO BUILD OUT TMP JOBS BUDGET LOG
 say "Flash Ladder GPU suite, $(date -u +%Y-%m-%dT%H:%M:%SZ), output in $OUT"
 stage env 60 env_report
 
+# True when CMake finds Eigen, GoogleTest and Google Benchmark installed on this machine.
+system_has_deps() {
+  mkdir -p "$TMP/probe"
+  printf '%s\n' 'cmake_minimum_required(VERSION 3.22)' 'project(probe CXX)' \
+    'find_package(Eigen3 REQUIRED NO_MODULE)' 'find_package(GTest REQUIRED)' 'find_package(benchmark REQUIRED)' \
+    >"$TMP/probe/CMakeLists.txt"
+  cmake -S "$TMP/probe" -B "$TMP/probe/build" >/dev/null 2>&1
+}
+
 DEPS_DIR=${FL_DEPS_DIR:-$REPO/.deps}
 DEPS_ROOT=$TMP/deps
 DEPS_PREFIX=""
-if compgen -G "$DEPS_DIR/*.deb" >/dev/null; then
+# Carried .deb files are a fallback only: the machine's own packages come first.
+if compgen -G "$DEPS_DIR/*.deb" >/dev/null && ! system_has_deps; then
   export DEPS_DIR DEPS_ROOT
   if stage deps 120 unpack_deps; then
     # find_package looks under <prefix>/share/<name>/cmake and <prefix>/lib/<arch>/cmake/<name>.
