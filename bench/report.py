@@ -36,7 +36,7 @@ import tempfile
 from collections import OrderedDict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("ladder", "bench", "torch")
+PARTS = ("ladder", "bench", "torch", "io")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 DTYPES = ["fp32", "fp16", "bf16"]
 
@@ -493,13 +493,42 @@ def pages(docs_dir: str, readme: str) -> list[str]:
     return out
 
 
+def io_part(rows: list) -> str:
+    """bench/ncu_io.py's rows: DRAM bytes Nsight Compute measured for one forward, beside the
+    bytes the rung's IO model predicts for the same shape."""
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return ""
+    first = ok[0]
+    out = ["Device-memory traffic of one forward on %s, %s, measured by Nsight Compute "
+           "(`dram__bytes_read.sum` + `dram__bytes_write.sum` over the rung's kernels) with "
+           "`python3 bench/ncu_io.py --probe build-hopper/bench/io_probe --json io.json`: fp32, "
+           "B=1, H=%d, d=%d." % (first.get("device", "?"), day(first.get("date", "")),
+                                 first.get("heads", 0), first.get("head_dim", 0)), ""]
+    body = []
+    for r in rows:
+        if "error" in r:
+            body.append([r["rung"], str(r.get("seq", "")), "-", "-", "-", cell(short(r["error"], 80))])
+            continue
+        mod = r["modelled_read"] + r["modelled_written"]
+        mea = r["measured_read"] + r["measured_written"]
+        body.append([r["rung"], str(r["seq"]), describe_bytes(mod), describe_bytes(mea),
+                     "%.2f" % (mea / mod), ""])
+    out += table(["rung", "N", "modelled", "measured (DRAM)", "measured / modelled", "note"], body,
+                 [False, True, True, True, True, False])
+    return "\n".join(out)
+
+
 def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
     ladder_doc = read_json(os.path.join(results, "ladder.json"))
     bench_doc = read_json(os.path.join(results, "bench.json"))
     torch_doc = read_json(os.path.join(results, "torch.json"))
+    io_doc = read_json(os.path.join(results, "io.json"))
     runs, records, trows = ladder_runs(ladder_doc), bench_records(bench_doc), torch_rows(torch_doc)
 
     def fresh_for(rung):
+        if rung == "io_model":  # docs/io_model.md: measured beside modelled
+            return {"io": io_part(io_doc) if isinstance(io_doc, list) else None}
         if rung is None:  # README's gpu-table: every rung
             return {"ladder": ladder_part(runs, None) if ladder_doc is not None else None,
                     "bench": None,

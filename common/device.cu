@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "cuda_check.cuh"
@@ -61,8 +62,17 @@ void require_memory(std::size_t bytes, const std::string& who) {
                       describe_bytes(double(total_memory())) + "); nothing was allocated");
 }
 
+namespace {
+std::atomic<std::size_t> g_allocations{0};
+}  // namespace
+
+std::size_t allocation_count() { return g_allocations.load(); }
+
 DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-  if (bytes) FL_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  if (bytes) {
+    ++g_allocations;
+    FL_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+  }
 }
 DeviceBuffer::~DeviceBuffer() {
   if (ptr_) cudaFree(ptr_);

@@ -16,6 +16,10 @@ bool available(std::string* why = nullptr);
 std::string device_name();  // "NVIDIA H100 80GB HBM3"
 std::size_t free_memory();
 std::size_t total_memory();
+// How many device allocations this process has made through DeviceBuffer so far: what a test
+// checks to show that a refusal came before any allocation (free_memory() also moves with other
+// processes' work, and an allocation freed again would not show in it).
+std::size_t allocation_count();
 void synchronize();
 
 // Thrown when a rung would need more device memory than is free; said before allocating.

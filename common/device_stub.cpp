@@ -21,6 +21,7 @@ bool available(std::string* why) {
 std::string device_name() { no_cuda("device_name"); }
 std::size_t free_memory() { no_cuda("free_memory"); }
 std::size_t total_memory() { no_cuda("total_memory"); }
+std::size_t allocation_count() { return 0; }
 void synchronize() { no_cuda("synchronize"); }
 void require_memory(std::size_t, const std::string& who) { no_cuda(who.c_str()); }
 DeviceBuffer::DeviceBuffer(std::size_t) { no_cuda("DeviceBuffer"); }

@@ -88,7 +88,7 @@ TEST_P(RungConformance, GpuRefusesWhatDoesNotFitBeforeAllocating) {
   const DType t = gpu->caps().dtypes.front();
   if (ForwardRun::device_bytes(*gpu, big, t) < gpu::free_memory())
     GTEST_SKIP() << gpu->label() << " fits N=65536 in device memory (its memory is linear in N)";
-  const std::size_t free_before = gpu::free_memory();
+  const std::size_t allocations_before = gpu::allocation_count();
   try {
     ForwardRun run(*gpu, big, t, Inputs{});
     FAIL() << "expected a refusal";
@@ -98,7 +98,7 @@ TEST_P(RungConformance, GpuRefusesWhatDoesNotFitBeforeAllocating) {
     EXPECT_NE(m.find("free"), std::string::npos) << m;
     EXPECT_NE(m.find(gpu->name()), std::string::npos) << m;
   }
-  EXPECT_EQ(gpu::free_memory(), free_before) << "memory was allocated before the refusal";
+  EXPECT_EQ(gpu::allocation_count(), allocations_before) << "device memory was allocated before the refusal";
 }
 
 }  // namespace fl::testing

@@ -370,8 +370,10 @@ if [[ -x $BUILD/bench/ladder && -f $BUILD/capi/libflash_ladder.so ]]; then
     stage "$tool" "$limit" sanitize "$tool"
     # The sanitizer's own count, so the summary says whether it found something or failed to run.
     if [[ -f $TMP/sanitize_$tool.log ]]; then
-      note_last "[$(grep -c 'ERROR SUMMARY' "$TMP/sanitize_$tool.log") runs," \
-        "$(grep -o 'ERROR SUMMARY: [0-9]*' "$TMP/sanitize_$tool.log" | awk '{n += $3} END {print n + 0}') findings]"
+      # memcheck and initcheck end with "ERROR SUMMARY: N errors", racecheck with
+      # "RACECHECK SUMMARY: N hazards displayed".
+      note_last "[$(grep -cE '(ERROR|RACECHECK) SUMMARY' "$TMP/sanitize_$tool.log") runs," \
+        "$(grep -oE '(ERROR|RACECHECK) SUMMARY: [0-9]+' "$TMP/sanitize_$tool.log" | awk '{n += $3} END {print n + 0}') findings]"
     fi
   done
   stage ladder 240 ladder_json
