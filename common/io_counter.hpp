@@ -58,9 +58,14 @@ class HbmMatrix {
  private:
   void bounds(int64_t r0, int64_t nr, int64_t c0, int64_t nc) const {
     if (r0 < 0 || c0 < 0 || nr < 0 || nc < 0 || r0 + nr > rows_ || c0 + nc > cols_)
-      throw std::out_of_range("HbmMatrix: block [" + std::to_string(r0) + "+" + std::to_string(nr) +
-                              ", " + std::to_string(c0) + "+" + std::to_string(nc) + ") outside [" +
-                              std::to_string(rows_) + ", " + std::to_string(cols_) + "]");
+      out_of_range(r0, nr, c0, nc);
+  }
+  // Out of line and [[noreturn]], so the compiler sees that no access follows a failed check.
+  [[noreturn]] __attribute__((noinline)) void out_of_range(int64_t r0, int64_t nr, int64_t c0,
+                                                             int64_t nc) const {
+    throw std::out_of_range("HbmMatrix: block [" + std::to_string(r0) + "+" + std::to_string(nr) +
+                            ", " + std::to_string(c0) + "+" + std::to_string(nc) + ") outside [" +
+                            std::to_string(rows_) + ", " + std::to_string(cols_) + "]");
   }
   T* data_;
   int64_t rows_, cols_;
