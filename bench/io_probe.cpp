@@ -2,7 +2,7 @@
 // bytes that one forward moves and set them beside the rung's modelled traffic. bench/ncu_io.py
 // drives it under Nsight Compute; by hand:
 //
-//   ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+//   ncu --clock-control none --metrics dram__bytes_read.sum,dram__bytes_write.sum
 //       build-hopper/bench/io_probe --rung 05_fa2_loop_order --seq 4096 --heads 16 --head-dim 64
 //
 // It prints one JSON object with the rung's modelled bytes; the kernels it launches besides the

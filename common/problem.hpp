@@ -51,6 +51,12 @@ struct AttentionShape {
   int64_t lse_elems() const { return batch * heads * seq_q; }
   int64_t score_elems() const { return batch * heads * seq_q * seq_k; }  // one S or P
 
+  // Where head (b, h) starts in a contiguous tensor seen as rows of d: its first query row in
+  // Q, O, lse ([B·H·Nq] rows), and the first row of the key/value head it reads in K, V
+  // ([B·Hkv·Nk] rows; query head h reads key/value head h / group()).
+  int64_t q_row0(int64_t b, int64_t h) const { return (b * heads + h) * seq_q; }
+  int64_t kv_row0(int64_t b, int64_t h) const { return (b * kv_heads + h / group()) * seq_k; }
+
   // The last key index query i may see (inclusive); keys past it are masked.
   // Non-causal: Nk − 1. Causal: i + (Nk − Nq), which is < 0 when row i sees no key.
   int64_t last_key(int64_t i) const { return causal ? i + (seq_k - seq_q) : seq_k - 1; }

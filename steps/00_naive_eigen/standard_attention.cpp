@@ -2,6 +2,8 @@
 // Q, K, V, S, P and O moved through the IO counter.
 #include "standard_attention.hpp"
 
+#include "twin.hpp"
+
 #include <limits>
 
 namespace fl::standard {
@@ -34,22 +36,17 @@ Capabilities capabilities() {
 void twin_forward(const AttentionShape& s, const ForwardArgs& a, TwinSoftmax softmax) {
   IoCounter scratch;
   IoCounter& io = a.io ? *a.io : scratch;
-  const int64_t d = s.head_dim, rows = s.batch * s.heads * s.seq_q;
+  const int64_t rows = s.batch * s.heads * s.seq_q;
   float* ws = static_cast<float*>(a.workspace);
-  HbmMatrix<const float> Q(static_cast<const float*>(a.q), rows, d, io);
-  HbmMatrix<const float> K(static_cast<const float*>(a.k), s.batch * s.kv_heads * s.seq_k, d, io);
-  HbmMatrix<const float> V(static_cast<const float*>(a.v), s.batch * s.kv_heads * s.seq_k, d, io);
-  HbmMatrix<float> O(static_cast<float*>(a.o), rows, d, io);
+  auto [Q, K, V, O, L] = twin_arrays(s, a, io);
   HbmMatrix<float> S(ws, rows, s.seq_k, io);
   HbmMatrix<float> P(ws + s.score_elems(), rows, s.seq_k, io);
-  HbmMatrix<float> L(a.lse, rows, 1, io);
   const float scale = s.softmax_scale();
 
   // Pass 1: S = Q·Kᵀ·scale, one (batch, head) at a time; masked scores are −∞ so exp() gives 0.
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t q0 = (b * s.heads + h) * s.seq_q;
-      const int64_t k0 = (b * s.kv_heads + h / s.group()) * s.seq_k;  // GQA: shared K/V head
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);  // GQA: a shared K/V head
       const Block q = Q.load_rows(q0, s.seq_q), k = K.load_rows(k0, s.seq_k);
       Block sc = (q * k.transpose()) * scale;
       for (int64_t i = 0; i < s.seq_q; ++i)
@@ -64,8 +61,7 @@ void twin_forward(const AttentionShape& s, const ForwardArgs& a, TwinSoftmax sof
   // Pass 3: O = P·V.
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t q0 = (b * s.heads + h) * s.seq_q;
-      const int64_t k0 = (b * s.kv_heads + h / s.group()) * s.seq_k;
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
       const Block p = P.load_rows(q0, s.seq_q), v = V.load_rows(k0, s.seq_k);
       O.store(q0, 0, p * v);
     }

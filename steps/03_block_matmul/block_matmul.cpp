@@ -1,20 +1,14 @@
 // Rung 03, CPU twin: the same T×T tiles as the kernels, every tile load counted.
 #include "block_matmul.hpp"
 
+#include "twin.hpp"
+
 #include <limits>
 
 namespace fl::block_matmul {
 namespace {
 
 int64_t tiles(int64_t n) { return (n + kTile - 1) / kTile; }
-
-// The (batch, head) → key/value head map of grouped-query attention, and where each head starts.
-struct HeadRows {
-  int64_t q0, k0;
-};
-HeadRows head_rows(const AttentionShape& s, int64_t b, int64_t h) {
-  return {(b * s.heads + h) * s.seq_q, (b * s.kv_heads + h / s.group()) * s.seq_k};
-}
 
 }  // namespace
 
@@ -35,18 +29,14 @@ void twin_forward(const AttentionShape& s, const ForwardArgs& a) {
   IoCounter& io = a.io ? *a.io : scratch;
   const int64_t d = s.head_dim, nq = s.seq_q, nk = s.seq_k, rows = s.batch * s.heads * nq;
   float* ws = static_cast<float*>(a.workspace);
-  HbmMatrix<const float> Q(static_cast<const float*>(a.q), rows, d, io);
-  HbmMatrix<const float> K(static_cast<const float*>(a.k), s.batch * s.kv_heads * nk, d, io);
-  HbmMatrix<const float> V(static_cast<const float*>(a.v), s.batch * s.kv_heads * nk, d, io);
-  HbmMatrix<float> O(static_cast<float*>(a.o), rows, d, io);
+  auto [Q, K, V, O, L] = twin_arrays(s, a, io);
   HbmMatrix<float> S(ws, rows, nk, io);
   HbmMatrix<float> P(ws + s.score_elems(), rows, nk, io);
-  HbmMatrix<float> L(a.lse, rows, 1, io);
   const float scale = s.softmax_scale();
 
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const HeadRows hr = head_rows(s, b, h);
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
       // Pass 1, tile (i, j) of S: a T-row block of Q and of K, each d wide, in T×T pieces.
       for (int64_t i0 = 0; i0 < nq; i0 += kTile)
         for (int64_t j0 = 0; j0 < nk; j0 += kTile) {
@@ -54,13 +44,13 @@ void twin_forward(const AttentionShape& s, const ForwardArgs& a) {
           Block acc = Block::Zero(br, bc);
           for (int64_t c0 = 0; c0 < d; c0 += kTile) {
             const int64_t bd = std::min<int64_t>(kTile, d - c0);
-            acc += Q.load(hr.q0 + i0, br, c0, bd) * K.load(hr.k0 + j0, bc, c0, bd).transpose();
+            acc += Q.load(q0 + i0, br, c0, bd) * K.load(k0 + j0, bc, c0, bd).transpose();
           }
           acc *= scale;
           for (int64_t r = 0; r < br; ++r)
             for (int64_t c = 0; c < bc; ++c)
               if (j0 + c > s.last_key(i0 + r)) acc(r, c) = -std::numeric_limits<float>::infinity();
-          S.store(hr.q0 + i0, j0, acc);
+          S.store(q0 + i0, j0, acc);
         }
     }
 
@@ -68,7 +58,7 @@ void twin_forward(const AttentionShape& s, const ForwardArgs& a) {
 
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const HeadRows hr = head_rows(s, b, h);
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
       // Pass 3, tile (i, c) of O: Σ over key tiles j of P_ij (T×T) times V_jc (T×T).
       for (int64_t i0 = 0; i0 < nq; i0 += kTile)
         for (int64_t c0 = 0; c0 < d; c0 += kTile) {
@@ -76,9 +66,9 @@ void twin_forward(const AttentionShape& s, const ForwardArgs& a) {
           Block acc = Block::Zero(br, bd);
           for (int64_t j0 = 0; j0 < nk; j0 += kTile) {
             const int64_t bc = std::min<int64_t>(kTile, nk - j0);
-            acc += P.load(hr.q0 + i0, br, j0, bc) * V.load(hr.k0 + j0, bc, c0, bd);
+            acc += P.load(q0 + i0, br, j0, bc) * V.load(k0 + j0, bc, c0, bd);
           }
-          O.store(hr.q0 + i0, c0, acc);
+          O.store(q0 + i0, c0, acc);
         }
     }
 }
@@ -100,18 +90,18 @@ void twin_fused_no_softmax(const AttentionShape& s, const float* q, const float*
   HbmMatrix<float> O(o, s.batch * s.heads * nq, d, io);
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const HeadRows hr = head_rows(s, b, h);
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
       for (int64_t i0 = 0; i0 < nq; i0 += kTile) {
         const int64_t br = std::min<int64_t>(kTile, nq - i0);
-        const Block qi = Q.load_rows(hr.q0 + i0, br);  // on chip for the whole row of tiles
+        const Block qi = Q.load_rows(q0 + i0, br);  // on chip for the whole row of tiles
         Block oi = Block::Zero(br, d);
         for (int64_t j0 = 0; j0 < nk; j0 += kTile) {
           const int64_t bc = std::min<int64_t>(kTile, nk - j0);
-          const Block kj = K.load_rows(hr.k0 + j0, bc), vj = V.load_rows(hr.k0 + j0, bc);
+          const Block kj = K.load_rows(k0 + j0, bc), vj = V.load_rows(k0 + j0, bc);
           const Block sij = (qi * kj.transpose()) * s.softmax_scale();  // never leaves chip
           oi += sij * vj;  // final as soon as it is added: nothing later rescales it
         }
-        O.store(hr.q0 + i0, 0, oi);
+        O.store(q0 + i0, 0, oi);
       }
     }
 }

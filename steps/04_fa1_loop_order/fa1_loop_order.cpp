@@ -2,6 +2,8 @@
 // crosses between device memory and the on-chip budget counted.
 #include "fa1_loop_order.hpp"
 
+#include "twin.hpp"
+
 #include <limits>
 
 namespace fl::fa1 {
@@ -51,18 +53,14 @@ void twin_forward(const AttentionShape& s, const ForwardArgs& a, int64_t m_float
   const Blocks blk = blocks_for(m_floats, s.head_dim);
   const int64_t d = s.head_dim, rows_all = s.batch * s.heads * s.seq_q;
   float* ws = static_cast<float*>(a.workspace);
-  HbmMatrix<const float> Q(static_cast<const float*>(a.q), rows_all, d, io);
-  HbmMatrix<const float> K(static_cast<const float*>(a.k), s.batch * s.kv_heads * s.seq_k, d, io);
-  HbmMatrix<const float> V(static_cast<const float*>(a.v), s.batch * s.kv_heads * s.seq_k, d, io);
-  HbmMatrix<float> O(static_cast<float*>(a.o), rows_all, d, io);
+  auto [Q, K, V, O, LSE] = twin_arrays(s, a, io);
   HbmMatrix<float> L(ws, rows_all, 1, io);              // ℓ: running softmax denominators
   HbmMatrix<float> M(ws + rows_all, rows_all, 1, io);   // m: running row maxima
-  HbmMatrix<float> LSE(a.lse, rows_all, 1, io);
   const float scale = s.softmax_scale();
 
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t q0 = (b * s.heads + h) * s.seq_q, k0 = (b * s.kv_heads + h / s.group()) * s.seq_k;
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
       // Line 2 of Algorithm 1: O = 0, ℓ = 0, m = −∞ in device memory.
       O.store(q0, 0, Block::Zero(s.seq_q, d));
       L.store(q0, 0, Block::Zero(s.seq_q, 1));

@@ -1,6 +1,8 @@
 // Rung 05, CPU twin: FlashAttention-2's loop order with Eigen blocks, every block counted.
 #include "fa2_loop_order.hpp"
 
+#include "twin.hpp"
+
 #include <limits>
 
 namespace fl::fa2 {
@@ -30,17 +32,13 @@ IoModel io_model(const AttentionShape& s) {
 void twin_forward(const AttentionShape& s, const ForwardArgs& a) {
   IoCounter scratch;
   IoCounter& io = a.io ? *a.io : scratch;
-  const int64_t d = s.head_dim, rows_all = s.batch * s.heads * s.seq_q;
-  HbmMatrix<const float> Q(static_cast<const float*>(a.q), rows_all, d, io);
-  HbmMatrix<const float> K(static_cast<const float*>(a.k), s.batch * s.kv_heads * s.seq_k, d, io);
-  HbmMatrix<const float> V(static_cast<const float*>(a.v), s.batch * s.kv_heads * s.seq_k, d, io);
-  HbmMatrix<float> O(static_cast<float*>(a.o), rows_all, d, io);
-  HbmMatrix<float> LSE(a.lse, rows_all, 1, io);
+  const int64_t d = s.head_dim;
+  auto [Q, K, V, O, LSE] = twin_arrays(s, a, io);
   const float scale = s.softmax_scale();
 
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t q0 = (b * s.heads + h) * s.seq_q, k0 = (b * s.kv_heads + h / s.group()) * s.seq_k;
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
       for (int64_t i0 = 0; i0 < s.seq_q; i0 += kBr) {  // outer: Q blocks (one thread block each)
         const int64_t br = std::min(kBr, s.seq_q - i0);
         const Block Qi = Q.load_rows(q0 + i0, br);
