@@ -1,0 +1,102 @@
+// Rung 06, numerics twin: rung 05's loop order in the kernel's precision, every block counted.
+#include "tensor_core_mma.hpp"
+
+#include <Eigen/Core>
+#include <limits>
+
+#include "twin.hpp"
+
+namespace fl::tensor_core_mma {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// x rounded to the 16-bit type T and back: what the kernel does to P before the second product.
+template <class T>
+Block round_to_type(const Block& x) {
+  return x.unaryExpr([](float v) { return float(T(v)); });
+}
+
+template <class T>  // Eigen::half or Eigen::bfloat16: the storage type of Q, K, V and O
+void twin(const AttentionShape& s, const ForwardArgs& a, IoCounter& io, int64_t block_rows) {
+  const int64_t d = s.head_dim, q_rows = s.batch * s.heads * s.seq_q, kv_rows = s.batch * s.kv_heads * s.seq_k;
+  HbmMatrix<const T> Q(static_cast<const T*>(a.q), q_rows, d, io);
+  HbmMatrix<const T> K(static_cast<const T*>(a.k), kv_rows, d, io);
+  HbmMatrix<const T> V(static_cast<const T*>(a.v), kv_rows, d, io);
+  HbmMatrix<T> O(static_cast<T*>(a.o), q_rows, d, io);
+  HbmMatrix<float> LSE(a.lse, q_rows, 1, io);
+  const float scale = s.softmax_scale();
+
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
+      for (int64_t i0 = 0; i0 < s.seq_q; i0 += block_rows) {
+        const int64_t br = std::min(block_rows, s.seq_q - i0);
+        const Block Qi = Q.load_rows(q0 + i0, br);  // 16-bit values, exact in fp32
+        Block acc = Block::Zero(br, d);
+        std::vector<online_softmax::RowState> st(br);
+        const int64_t end = fa2::visible_key_end(s, i0, br);
+        for (int64_t j0 = 0; j0 < end; j0 += kBc) {
+          const int64_t bc = std::min(kBc, s.seq_k - j0);
+          const Block Kj = K.load_rows(k0 + j0, bc), Vj = V.load_rows(k0 + j0, bc);
+          Block S = (Qi * Kj.transpose()) * scale;  // fp32 accumulation, like the tensor cores'
+          for (int64_t r = 0; r < br; ++r) {
+            for (int64_t c = 0; c < bc; ++c)
+              if (j0 + c > s.last_key(i0 + r)) S(r, c) = kNegInf;
+            const float m_new = std::max(st[r].m, S.row(r).maxCoeff());
+            if (m_new == kNegInf) continue;
+            const float alpha = std::exp(st[r].m - m_new);
+            const Block P = (S.row(r).array() - m_new).exp().matrix();
+            st[r] = {m_new, alpha * st[r].l + P.sum()};              // ℓ from the fp32 P
+            acc.row(r) = alpha * acc.row(r) + round_to_type<T>(P) * Vj;  // P·V from the rounded P
+          }
+        }
+        Block lse(br, 1);
+        for (int64_t r = 0; r < br; ++r) {
+          const bool seen = st[r].l > 0.f;
+          acc.row(r) *= seen ? 1.f / st[r].l : 0.f;
+          lse(r, 0) = seen ? st[r].m + std::log(st[r].l) : kNegInf;
+        }
+        O.store(q0 + i0, 0, acc);  // rounded to T on the way out
+        LSE.store(q0 + i0, 0, lse);
+      }
+    }
+}
+
+}  // namespace
+
+Capabilities capabilities() {
+  Capabilities c;
+  c.dtypes = {DType::F16, DType::BF16};
+  c.head_dims = {64, 128};
+  return c;
+}
+
+IoModel io_model(const AttentionShape& s, DType t, int64_t block_rows) {
+  const double d = double(s.head_dim), e = double(dtype_bytes(t));
+  double read = double(s.seq_q) * d * e, written = double(s.seq_q) * (d * e + 4);  // Q; O, lse
+  for (int64_t i0 = 0; i0 < s.seq_q; i0 += block_rows) {
+    const int64_t end = fa2::visible_key_end(s, i0, std::min(block_rows, s.seq_q - i0));
+    for (int64_t j0 = 0; j0 < end; j0 += kBc) read += 2.0 * double(std::min(kBc, s.seq_k - j0)) * d * e;
+  }
+  const double bh = double(s.batch * s.heads);
+  return {bh * read, bh * written};
+}
+
+void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, int64_t br) {
+  IoCounter scratch;
+  IoCounter& io = a.io ? *a.io : scratch;
+  if (t == DType::F16) twin<Eigen::half>(s, a, io, br);
+  else twin<Eigen::bfloat16>(s, a, io, br);
+}
+
+// One twin per version (they differ only in the rows per block, which the IO count follows), so
+// every version's GPU rung is checked against a twin of the same name.
+static const struct RegisterTwins {
+  RegisterTwins() {
+    for (const VersionInfo& v : kVersions)
+      Registry::instance().add(std::make_unique<TensorCoreRung<Backend::Cpu>>(v.name, v.idea, v.version));
+  }
+} registered;
+
+}  // namespace fl::tensor_core_mma

@@ -1,0 +1,90 @@
+// Rung 06: rung 05's algorithm on the tensor cores. Q·Kᵀ and P·V become warp-wide
+// mma.sync.m16n8k16 instructions on fp16 or bf16 inputs with fp32 accumulation; each warp owns 16
+// query rows, so the softmax statistics of a row live in the four lanes that hold it.
+//
+// The rung is built as versions, each registered, tested and benchmarked on its own, each adding
+// one idea to the one before (docs/06_tensor_core_mma.md):
+//   v1_mma       the first tensor-core version: fragments loaded from shared memory with plain 32-
+//                and 16-bit loads; P kept in registers, where the C layout of Q·Kᵀ already is the
+//                A layout of P·V (mma_layout.hpp).
+//   v2_ldmatrix  fragments loaded with ldmatrix: one instruction fills four 8×8 pieces for the
+//                whole warp; .trans turns V's rows into B's columns on the way.
+//   v3_pipeline  K/V blocks copied with cp.async into two buffers: block j+1 streams in while
+//                block j is multiplied.
+//   v4_swizzle   shared memory without padding: 16-byte chunks XOR-swizzled across rows, so
+//                ldmatrix stays free of bank conflicts in less memory.
+//   v5_lean      fewer instructions around the mma: masks only on the blocks that need them, the
+//                scale folded into the exponent's one FFMA, ex2.approx for exp2.
+//   v6_tall      128 query rows per thread block: at d = 64, 32 rows per warp, so each K/V
+//                fragment loaded from shared memory feeds two mma instead of one.
+#pragma once
+
+#include "../05_fa2_loop_order/fa2_loop_order.hpp"
+
+namespace fl::tensor_core_mma {
+
+// Keys per K/V block, and query rows per thread block for each version (the twin's IO count
+// follows the version's rows).
+inline constexpr int64_t kBc = 64;
+enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall };
+constexpr int64_t rows_per_block(Version v) { return v >= Version::V6Tall ? 128 : 64; }
+
+// Traffic as rung 05's, in 2-byte elements: Q once, K and V once per Q block for the blocks it
+// can see, O written once; lse is fp32.
+IoModel io_model(const AttentionShape& s, DType t, int64_t br);
+
+Capabilities capabilities();
+
+// The numerics twin: rung 05's loops with the kernel's roundings. Inputs arrive in fp16/bf16 (the
+// harness rounds them), S and the running statistics are fp32, P is rounded to the input type
+// before P·V (the kernel feeds it to the tensor cores in that type) while ℓ sums the unrounded P,
+// and O is rounded once at the end. Its error against the fp64 oracle is the floor the kernel is
+// held to.
+void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, int64_t br);
+
+void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs& a);
+
+template <Backend B>
+class TensorCoreRung final : public Rung {
+ public:
+  TensorCoreRung(std::string name, std::string idea, Version v)
+      : name_(std::move(name)), idea_(std::move(idea)), version_(v) {}
+  std::string name() const override { return name_; }
+  std::string idea() const override { return idea_; }
+  Backend backend() const override { return B; }
+  Capabilities caps() const override { return capabilities(); }
+  IoModel modelled_io(const AttentionShape& s, DType t) const override {
+    return io_model(s, t, rows_per_block(version_));
+  }
+  void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) twin_forward(s, t, a, rows_per_block(version_));
+    else gpu_forward(version_, s, t, a);
+  }
+
+ private:
+  std::string name_, idea_;
+  Version version_;
+};
+
+struct VersionInfo {
+  Version version;
+  const char* name;
+  const char* idea;
+};
+inline constexpr VersionInfo kVersions[] = {
+    {Version::V1Mma, "06_tensor_core_mma/v1_mma",
+     "mma.sync m16n8k16 (fp16/bf16 in, fp32 accumulate), P kept in registers between the products"},
+    {Version::V2Ldmatrix, "06_tensor_core_mma/v2_ldmatrix",
+     "v1 + fragments loaded with ldmatrix (.trans for V)"},
+    {Version::V3Pipeline, "06_tensor_core_mma/v3_pipeline",
+     "v2 + cp.async double buffering: K/V block j+1 loads while block j computes"},
+    {Version::V4Swizzle, "06_tensor_core_mma/v4_swizzle",
+     "v3 + XOR-swizzled shared memory instead of padding"},
+    {Version::V5Lean, "06_tensor_core_mma/v5_lean",
+     "v4 + fewer instructions per score: masks only where needed, scale folded into one FFMA"},
+    {Version::V6Tall, "06_tensor_core_mma/v6_tall",
+     "v5 + 128 query rows per block (32 per warp at d=64): each K/V fragment feeds two mma"},
+};
+inline constexpr const char* kV1Name = kVersions[0].name;
+
+}  // namespace fl::tensor_core_mma

@@ -1,0 +1,83 @@
+// Rung 06: tensor cores. Beyond the conformance suite (fp16 and bf16, every version): the
+// mma.sync.m16n8k16 fragment layouts the kernel indexes through are checked here on the CPU, so
+// CI catches a wrong lane ↔ element map without a GPU.
+#include <set>
+
+#include "../steps/06_tensor_core_mma/mma_layout.hpp"
+#include "../steps/06_tensor_core_mma/tensor_core_mma.hpp"
+#include "conformance_tests.hpp"
+
+namespace fl::testing {
+namespace {
+
+// Every version, each on its own: the road to speed must stay correct at every step.
+INSTANTIATE_TEST_SUITE_P(Rung06, RungConformance,
+                         ::testing::Values(tensor_core_mma::kVersions[0].name, tensor_core_mma::kVersions[1].name,
+                                           tensor_core_mma::kVersions[2].name, tensor_core_mma::kVersions[3].name,
+                                           tensor_core_mma::kVersions[4].name, tensor_core_mma::kVersions[5].name),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param.substr(p.param.find('/') + 1);  // "v1_mma", a valid test name
+                         });
+
+// Every element of the tile is held by exactly one (lane, element) pair.
+template <class F>
+void expect_bijection(F elem, int per_lane, int rows, int cols) {
+  std::set<std::pair<int, int>> seen;
+  for (int lane = 0; lane < 32; ++lane)
+    for (int e = 0; e < per_lane; ++e) {
+      const mma::Coord c = elem(lane, e);
+      EXPECT_TRUE(c.row >= 0 && c.row < rows && c.col >= 0 && c.col < cols) << lane << "," << e;
+      EXPECT_TRUE(seen.insert({c.row, c.col}).second) << "(" << c.row << "," << c.col << ") held twice";
+    }
+  EXPECT_EQ(int(seen.size()), rows * cols);
+}
+
+TEST(MmaLayout, FragmentsCoverTheirTilesExactlyOnce) {
+  expect_bijection(mma::a_elem, 8, 16, 16);  // A: 16×16, 8 halves per lane
+  expect_bijection(mma::b_elem, 4, 16, 8);   // B: 16×8 (k × n), 4 halves per lane
+  expect_bijection(mma::c_elem, 4, 16, 8);   // C: 16×8, 4 floats per lane
+}
+
+// Points from the PTX ISA's figures: lane 0 starts every fragment at the origin; lane 5 is group
+// 1, thread 1; the second register of A is 8 rows down, the third 8 columns right.
+TEST(MmaLayout, MatchesThePtxFigures) {
+  auto eq = [](mma::Coord c, int r, int col) { return c.row == r && c.col == col; };
+  EXPECT_TRUE(eq(mma::a_elem(0, 0), 0, 0));
+  EXPECT_TRUE(eq(mma::a_elem(5, 1), 1, 3));   // g = 1, t = 1: columns 2t, 2t + 1
+  EXPECT_TRUE(eq(mma::a_elem(5, 2), 9, 2));   // register 1: row g + 8
+  EXPECT_TRUE(eq(mma::a_elem(5, 4), 1, 10));  // register 2: column 2t + 8
+  EXPECT_TRUE(eq(mma::a_elem(31, 7), 15, 15));
+  EXPECT_TRUE(eq(mma::b_elem(5, 0), 2, 1));   // B: k = 2t, n = g
+  EXPECT_TRUE(eq(mma::b_elem(5, 3), 11, 1));  // register 1: k = 2t + 9
+  EXPECT_TRUE(eq(mma::c_elem(5, 3), 9, 3));   // C: row g + 8, column 2t + 1
+}
+
+// FlashAttention-2's register trick: C tiles 2kk and 2kk + 1 of S are, lane for lane and in
+// order, the A tile of P for k-step kk. The kernel packs s[2kk][0..3], s[2kk+1][0..3] into A.
+TEST(MmaLayout, TwoCTilesSideBySideAreOneATile) {
+  for (int lane = 0; lane < 32; ++lane)
+    for (int e = 0; e < 8; ++e) {
+      const mma::Coord a = mma::a_elem(lane, e);
+      const int tile = e < 4 ? 0 : 1;  // registers 0, 1 from tile 0; registers 2, 3 from tile 1
+      const int ce = e < 4 ? e : e - 4;
+      const mma::Coord c = mma::c_elem(lane, ce);
+      EXPECT_EQ(a.row, c.row) << "lane " << lane << " element " << e;
+      EXPECT_EQ(a.col, c.col + 8 * tile) << "lane " << lane << " element " << e;
+    }
+}
+
+// The numerics twin rounds where the kernel does, so its fp16 error is about a tenth of its bf16
+// error (10 against 7 mantissa bits), and both sit well inside the dtype's tolerance.
+TEST(TensorCoreMma, TwinErrorFollowsTheMantissa) {
+  const Rung* twin = Registry::instance().find(tensor_core_mma::kV1Name, Backend::Cpu);
+  ASSERT_NE(twin, nullptr);
+  const Case c{make_shape(1, 2, 2, 200, 300, 64, false), InputKind::Normal, base_seed()};
+  const double e16 = run_case(*twin, DType::F16, c).check.o.rel_l2;
+  const double ebf = run_case(*twin, DType::BF16, c).check.o.rel_l2;
+  EXPECT_LT(e16, tolerance(DType::F16) / 4);
+  EXPECT_LT(ebf, tolerance(DType::BF16) / 4);
+  EXPECT_GT(ebf / e16, 4.0);  // 2^3 in theory; rounding noise keeps it from being exact
+}
+
+}  // namespace
+}  // namespace fl::testing
