@@ -367,8 +367,14 @@ def rung_of(row: dict) -> str:
     return str(row.get("name", "")).split(" (")[0]
 
 
+def in_rung(name: str, rung: str) -> bool:
+    """A rung's own name, or one of its versions ('06_tensor_core_mma/v2_ldmatrix')."""
+    return name == rung or name.startswith(rung + "/")
+
+
 def torch_part(rows: list[dict], rung: str) -> str:
-    mine = [r for r in rows if r.get("kind") == "rung" and rung_of(r) == rung]
+    mine = [r for r in rows if r.get("kind") == "rung" and in_rung(rung_of(r), rung)]
+    versioned = any(rung_of(r) != rung for r in mine)
     if not mine:
         return ""
     notes = Notes()
@@ -376,21 +382,23 @@ def torch_part(rows: list[dict], rung: str) -> str:
     for (shape, dtype), rs in torch_groups(rows).items():
         peers = {r["name"][len("sdpa_"):]: r["ms"] for r in rs if r.get("kind") == "sdpa" and r.get("ms")}
         for r in rs:
-            if r.get("kind") != "rung" or rung_of(r) != rung:
+            if r.get("kind") != "rung" or not in_rung(rung_of(r), rung):
                 continue
+            lead = [shape, dtype] + ([rung_of(r)[len(rung) + 1:]] if versioned else [])
             if r.get("ms") is None:
                 why = r.get("skip") or r.get("error") or "not measured"
-                body.append([shape, dtype, "-", "-", "-", ("skipped" if r.get("skip") else "ERROR") + notes.ref(why)]
+                body.append(lead + ["-", "-", "-", ("skipped" if r.get("skip") else "ERROR") + notes.ref(why)]
                             + ["-"] * len(SDPA))
                 continue
             ratios = ["%.2fx" % (r["ms"] / peers[p]) if peers.get(p) else "-" for p, _ in SDPA]
-            body.append([shape, dtype, sig3(r["ms"]), sig3(r.get("tflops")), sci(r.get("rel_err")),
-                         ("PASS" if r.get("passed") else "FAIL")] + ratios)
+            body.append(lead + [sig3(r["ms"]), sig3(r.get("tflops")), sci(r.get("rel_err")),
+                                ("PASS" if r.get("passed") else "FAIL")] + ratios)
     out = ["Beside PyTorch's attention kernels %s. The ratios are this rung's time over each SDPA "
            "backend's on the same inputs in the same run: 2.00x is twice as slow. Shapes are "
            "B x H x N x d, c for causal." % torch_header(rows), ""]
-    out += table(["shape", "dtype", "time (ms)", "TFLOP/s", "rel err O", "check"] + ["vs " + n for _, n in SDPA],
-                 body, [False, False, True, True, True, False] + [True] * len(SDPA))
+    head = ["shape", "dtype"] + (["version"] if versioned else [])
+    out += table(head + ["time (ms)", "TFLOP/s", "rel err O", "check"] + ["vs " + n for _, n in SDPA],
+                 body, [False] * len(head) + [True, True, True, False] + [True] * len(SDPA))
     out += notes.lines()
     return "\n".join(out)
 
