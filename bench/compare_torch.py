@@ -210,9 +210,9 @@ def default_shapes(dtype: str, quick: bool, device: str) -> list[Shape]:
     if dtype == "fp32":  # rungs 00-05: B=1, H=16; the issue's bar for rung 05 is at N = 4096 and 16384
         return [parse_shape(s) for s in ("1x16x1024x64", "1x16x4096x64", "1x16x4096x64c", "1x16x4096x128",
                                          "1x16x16384x64", "1x16x16384x128")]
-    # fp16 / bf16: the anchors' grid (shared/anchors.md), H=16 and B·N = 16384
-    return [parse_shape(s) for s in ("16x16x1024x64", "4x16x4096x64", "4x16x4096x64c",
-                                      "16x16x1024x128", "4x16x4096x128", "4x16x4096x128c")]
+    # fp16 / bf16: the anchors' grid (shared/anchors.md), H=16 and B·N = 16384, causal and not
+    return [parse_shape(f"{16384 // n}x16x{n}x{d}{c}") for d in (64, 128) for n in (1024, 4096, 16384)
+            for c in ("", "c")]
 
 
 # ---- Reference, errors, timing -----------------------------------------------------------------

@@ -273,13 +273,16 @@ ladder_json() {
   # allocating, 04–05 must run. One timed call each (rung 04 takes seconds here).
   "$BUILD/bench/ladder" --device cuda --seq 65536 --heads 16 --reps 1 --warmup 0 \
     --json "$TMP/ladder_65536.json" || rc=1
+  # The tensor-core rung's versions side by side, on one of the anchors' bf16 problems.
+  "$BUILD/bench/ladder" --device cuda --dtype bf16 --batch 4 --seq 4096 --heads 16 \
+    --json "$TMP/ladder_bf16.json" || rc=1
   # One file: {"default": ..., "seq4096_heads16": ...}; a run that wrote nothing is left out.
   python3 - "$TMP" "$OUT/ladder.json" <<'EOF' || rc=1
 import json, os, sys
 tmp, out = sys.argv[1], sys.argv[2]
 runs = {}
 for key, name in (("default", "ladder_default.json"), ("seq4096_heads16", "ladder_4096.json"),
-                  ("seq65536_heads16", "ladder_65536.json")):
+                  ("seq65536_heads16", "ladder_65536.json"), ("bf16_b4_seq4096_heads16", "ladder_bf16.json")):
     path = os.path.join(tmp, name)
     if os.path.exists(path):
         with open(path) as f:

@@ -14,7 +14,8 @@ namespace {
 INSTANTIATE_TEST_SUITE_P(Rung06, RungConformance,
                          ::testing::Values(tensor_core_mma::kVersions[0].name, tensor_core_mma::kVersions[1].name,
                                            tensor_core_mma::kVersions[2].name, tensor_core_mma::kVersions[3].name,
-                                           tensor_core_mma::kVersions[4].name, tensor_core_mma::kVersions[5].name),
+                                           tensor_core_mma::kVersions[4].name, tensor_core_mma::kVersions[5].name,
+                                           tensor_core_mma::kVersions[6].name),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            return p.param.substr(p.param.find('/') + 1);  // "v1_mma", a valid test name
                          });

@@ -18,7 +18,8 @@ Block round_to_type(const Block& x) {
 }
 
 template <class T>  // Eigen::half or Eigen::bfloat16: the storage type of Q, K, V and O
-void twin(const AttentionShape& s, const ForwardArgs& a, IoCounter& io, int64_t block_rows) {
+void twin(const AttentionShape& s, const ForwardArgs& a, IoCounter& io, Tiling tile) {
+  const int64_t block_rows = tile.rows, kBc = tile.keys;
   const int64_t d = s.head_dim, q_rows = s.batch * s.heads * s.seq_q, kv_rows = s.batch * s.kv_heads * s.seq_k;
   HbmMatrix<const T> Q(static_cast<const T*>(a.q), q_rows, d, io);
   HbmMatrix<const T> K(static_cast<const T*>(a.k), kv_rows, d, io);
@@ -72,7 +73,8 @@ Capabilities capabilities() {
   return c;
 }
 
-IoModel io_model(const AttentionShape& s, DType t, int64_t block_rows) {
+IoModel io_model(const AttentionShape& s, DType t, Tiling tile) {
+  const int64_t block_rows = tile.rows, kBc = tile.keys;
   const double d = double(s.head_dim), e = double(dtype_bytes(t));
   double read = double(s.seq_q) * d * e, written = double(s.seq_q) * (d * e + 4);  // Q; O, lse
   for (int64_t i0 = 0; i0 < s.seq_q; i0 += block_rows) {
@@ -83,11 +85,11 @@ IoModel io_model(const AttentionShape& s, DType t, int64_t block_rows) {
   return {bh * read, bh * written};
 }
 
-void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, int64_t br) {
+void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, Tiling tile) {
   IoCounter scratch;
   IoCounter& io = a.io ? *a.io : scratch;
-  if (t == DType::F16) twin<Eigen::half>(s, a, io, br);
-  else twin<Eigen::bfloat16>(s, a, io, br);
+  if (t == DType::F16) twin<Eigen::half>(s, a, io, tile);
+  else twin<Eigen::bfloat16>(s, a, io, tile);
 }
 
 // One twin per version (they differ only in the rows per block, which the IO count follows), so

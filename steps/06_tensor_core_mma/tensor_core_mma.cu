@@ -25,7 +25,6 @@
 namespace fl::tensor_core_mma {
 namespace {
 
-constexpr int BC = int(kBc);
 constexpr int kPad = 8;  // unswizzled rows: +16 bytes, so 8 rows of an 8×8 piece start 4 banks apart
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -37,13 +36,14 @@ struct Features {
   static constexpr bool kCpAsync = V >= Version::V3Pipeline;   // cp.async into two K/V buffers
   static constexpr bool kSwizzle = V >= Version::V4Swizzle;    // XOR-swizzled chunks, no padding
   static constexpr bool kLean = V >= Version::V5Lean;         // the instruction diet
-  // v6: 128 rows per block. At d = 64 as 4 warps of two 16-row m-tiles (each K/V fragment feeds
-  // two mma); at d = 128 two m-tiles' accumulators do not fit in 255 registers, so 8 warps of one.
-  static constexpr bool kTall = V >= Version::V6Tall;
-  static constexpr int kMTiles = kTall && D == 64 ? 2 : 1;     // 16-row mma tiles per warp
-  static constexpr int kWarps = kTall && D == 128 ? 8 : 4;
+  // v6: 128 rows per block, as 4 warps of two 16-row m-tiles: each K/V fragment feeds two mma.
+  static constexpr Tiling kTiling = tiling(V, D);
+  static constexpr int kMTiles = kTiling.m_tiles;              // 16-row mma tiles per warp
+  static constexpr int kWarps = kTiling.warps;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kRows = 16 * kMTiles * kWarps;          // query rows per thread block
+  static constexpr int kRows = kTiling.rows;                   // query rows per thread block
+  static constexpr int kBc = kTiling.keys;                     // keys per K/V block
+  static_assert(kRows == 16 * kMTiles * kWarps, "rows = 16 × m-tiles × warps");
 };
 
 // Where element (row, col) of a tile with D columns lives in shared memory. Swizzled: the 16-byte
@@ -210,7 +210,7 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
            float* __restrict__ lse,  // [B, H, Nq]
            int group, int64_t nq, int64_t nk, float scale_log2, bool causal) {
   using F = Features<V, D>;
-  constexpr int BR = F::kRows, MT = F::kMTiles, kBuffers = F::kCpAsync ? 2 : 1;
+  constexpr int BR = F::kRows, BC = F::kBc, MT = F::kMTiles, kBuffers = F::kCpAsync ? 2 : 1;
   constexpr int kTile = BC * Smem<F, D>::kLd;  // elements in one K or V buffer
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* Qs = reinterpret_cast<T*>(smem_raw);        // [BR][ld]
@@ -414,9 +414,8 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
 template <Version V, class T, int D>
 void launch(const AttentionShape& s, const ForwardArgs& a) {
   using F = Features<V, D>;
-  static_assert(F::kRows == rows_per_block(V), "the twin's rows per block must match the kernel's");
   constexpr std::size_t bytes =
-      std::size_t(F::kRows + 2 * (F::kCpAsync ? 2 : 1) * BC) * Smem<F, D>::kLd * sizeof(T);
+      std::size_t(F::kRows + 2 * (F::kCpAsync ? 2 : 1) * F::kBc) * Smem<F, D>::kLd * sizeof(T);
   FL_CUDA_CHECK(cudaFuncSetAttribute(mma_kernel<V, T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_q, F::kRows)), unsigned(s.heads), unsigned(s.batch));
   mma_kernel<V, T, D><<<grid, F::kThreads, bytes, as_stream(a.stream)>>>(
@@ -458,6 +457,7 @@ void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs&
     case Version::V4Swizzle: return dispatch<Version::V4Swizzle>(s, t, a);
     case Version::V5Lean: return dispatch<Version::V5Lean>(s, t, a);
     case Version::V6Tall: return dispatch<Version::V6Tall>(s, t, a);
+    case Version::V7Wide: return dispatch<Version::V7Wide>(s, t, a);
   }
 }
 

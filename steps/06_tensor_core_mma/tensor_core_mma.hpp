@@ -15,23 +15,33 @@
 //                ldmatrix stays free of bank conflicts in less memory.
 //   v5_lean      fewer instructions around the mma: masks only on the blocks that need them, the
 //                scale folded into the exponent's one FFMA, ex2.approx for exp2.
-//   v6_tall      128 query rows per thread block: at d = 64, 32 rows per warp, so each K/V
-//                fragment loaded from shared memory feeds two mma instead of one.
+//   v6_tall      128 query rows per thread block, 32 per warp, so each K/V fragment loaded from
+//                shared memory feeds two mma instead of one.
+//   v7_wide      at d = 64, 128 keys per K/V block: the per-row work of a step (max and sum across
+//                the quad, alpha, the rescale of O, a barrier) is shared by twice the keys.
 #pragma once
 
 #include "../05_fa2_loop_order/fa2_loop_order.hpp"
 
 namespace fl::tensor_core_mma {
 
-// Keys per K/V block, and query rows per thread block for each version (the twin's IO count
-// follows the version's rows).
-inline constexpr int64_t kBc = 64;
-enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall };
-constexpr int64_t rows_per_block(Version v) { return v >= Version::V6Tall ? 128 : 64; }
+enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall, V7Wide };
+
+// How a version cuts the work: query rows and keys per block, warps per block, 16-row mma tiles
+// per warp. The kernel is built from it and the twin follows it, so their IO counts agree.
+struct Tiling {
+  int rows, keys, warps, m_tiles;
+};
+constexpr Tiling tiling(Version v, int64_t d) {
+  // At d = 128 a 128-key block's scores do not fit beside O's accumulators in 255 registers.
+  if (v >= Version::V7Wide && d == 64) return {128, 128, 4, 2};
+  if (v >= Version::V6Tall) return {128, 64, 4, 2};
+  return {64, 64, 4, 1};
+}
 
 // Traffic as rung 05's, in 2-byte elements: Q once, K and V once per Q block for the blocks it
 // can see, O written once; lse is fp32.
-IoModel io_model(const AttentionShape& s, DType t, int64_t br);
+IoModel io_model(const AttentionShape& s, DType t, Tiling tile);
 
 Capabilities capabilities();
 
@@ -40,7 +50,7 @@ Capabilities capabilities();
 // before P·V (the kernel feeds it to the tensor cores in that type) while ℓ sums the unrounded P,
 // and O is rounded once at the end. Its error against the fp64 oracle is the floor the kernel is
 // held to.
-void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, int64_t br);
+void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, Tiling tile);
 
 void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs& a);
 
@@ -54,10 +64,10 @@ class TensorCoreRung final : public Rung {
   Backend backend() const override { return B; }
   Capabilities caps() const override { return capabilities(); }
   IoModel modelled_io(const AttentionShape& s, DType t) const override {
-    return io_model(s, t, rows_per_block(version_));
+    return io_model(s, t, tiling(version_, s.head_dim));
   }
   void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
-    if constexpr (B == Backend::Cpu) twin_forward(s, t, a, rows_per_block(version_));
+    if constexpr (B == Backend::Cpu) twin_forward(s, t, a, tiling(version_, s.head_dim));
     else gpu_forward(version_, s, t, a);
   }
 
@@ -83,7 +93,9 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V5Lean, "06_tensor_core_mma/v5_lean",
      "v4 + fewer instructions per score: masks only where needed, scale folded into one FFMA"},
     {Version::V6Tall, "06_tensor_core_mma/v6_tall",
-     "v5 + 128 query rows per block (32 per warp at d=64): each K/V fragment feeds two mma"},
+     "v5 + 128 query rows per block, 32 per warp: each K/V fragment feeds two mma"},
+    {Version::V7Wide, "06_tensor_core_mma/v7_wide",
+     "v6 + 128 keys per K/V block at d=64: per-row work shared by twice the keys"},
 };
 inline constexpr const char* kV1Name = kVersions[0].name;
 
