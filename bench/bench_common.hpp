@@ -1,5 +1,6 @@
 // What the `ladder` program and the `ladder_bench` sweep share: picking rungs from a command-line
-// list, strict number parsing, and the short GPU name they print. Header-only, bench/ only.
+// list, strict number parsing, the short GPU name and the UTC date they print. Header-only, bench/
+// only (io_probe uses the number parsing too).
 #pragma once
 
 #include <cerrno>

@@ -8,11 +8,17 @@
 // It prints one JSON object with the rung's modelled bytes; the kernels it launches besides the
 // rung's own are the harness's NaN poisoning (fill_u16), which the script leaves out.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "bench_common.hpp"
 #include "device.hpp"
 #include "harness.hpp"
+
+static const char* kUsage =
+    "usage: io_probe --rung NAME [--seq N] [--heads H] [--head-dim d] [--causal]\n"
+    "runs one forward of a GPU rung once, for a profiler to measure\n";
 
 int main(int argc, char** argv) {
   using namespace fl;
@@ -29,17 +35,31 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
+    // Whole-string parsing, as the ladder does: std::stoll read "12x" as 12 and threw on "abc"
+    // outside any handler, which aborted the probe instead of saying what was wrong.
+    auto integer = [&]() -> int64_t {
+      const std::string v = next();
+      int64_t x = 0;
+      if (!bench::parse_int(v, &x)) {
+        std::fprintf(stderr, "io_probe: %s expects an integer, got '%s'\n", a.c_str(), v.c_str());
+        std::exit(2);
+      }
+      return x;
+    };
     if (a == "--rung") name = next();
-    else if (a == "--seq") s.seq_q = s.seq_k = std::stoll(next());
-    else if (a == "--heads") s.heads = s.kv_heads = std::stoll(next());
-    else if (a == "--head-dim") s.head_dim = std::stoll(next());
+    else if (a == "--seq") s.seq_q = s.seq_k = integer();
+    else if (a == "--heads") s.heads = s.kv_heads = integer();
+    else if (a == "--head-dim") s.head_dim = integer();
     else if (a == "--causal") s.causal = true;
     else {
-      std::fprintf(stderr,
-                   "usage: io_probe --rung NAME [--seq N] [--heads H] [--head-dim d] [--causal]\n"
-                   "runs one forward of a GPU rung once, for a profiler to measure\n");
+      if (a != "--help") std::fprintf(stderr, "io_probe: unknown flag '%s'\n", a.c_str());
+      std::fprintf(stderr, "%s", kUsage);
       return a == "--help" ? 0 : 2;
     }
+  }
+  if (name.empty()) {
+    std::fprintf(stderr, "io_probe: --rung is required\n%s", kUsage);
+    return 2;
   }
   try {
     std::string why;

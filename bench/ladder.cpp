@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -35,7 +36,7 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // A CPU twin does the GPU's work on two or four cores; past this many FLOPs it takes minutes, so
-// the twins sit out unless asked for by name (--device cpu).
+// the twins sit out unless --device cpu asks for them (naming them in --rungs is not enough).
 constexpr double kCpuTwinFlopLimit = 2e10;
 
 // Long sequences are checked on a sample of query rows (each still attends to every key): the
@@ -140,7 +141,7 @@ Options parse_args(int argc, char** argv) {
     std::string flag = argv[i], value;
     bool inline_value = false;
     if (flag.rfind("--", 0) != 0)
-      throw UsageError("unexpected argument '" + flag + "'; every flag starts with -- (see --help)");
+      throw UsageError("unexpected argument '" + flag + "'; every flag starts with --");
     if (const auto eq = flag.find('='); eq != std::string::npos) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
@@ -152,15 +153,17 @@ Options parse_args(int argc, char** argv) {
     };
     auto next = [&]() -> std::string {
       if (inline_value) return value;
-      if (i + 1 >= argc) throw UsageError(flag + " needs a value (see --help)");
+      if (i + 1 >= argc) throw UsageError(flag + " needs a value");
       return argv[++i];
     };
-    auto integer = [&](int64_t min) {
+    auto integer = [&](int64_t min, int64_t max = std::numeric_limits<int64_t>::max()) {
       const std::string v = next();
       int64_t x = 0;
       if (!bench::parse_int(v, &x)) throw UsageError(flag + " expects an integer, got '" + v + "'");
       if (x < min)
         throw UsageError(flag + " must be at least " + std::to_string(min) + ", got " + v);
+      if (x > max)
+        throw UsageError(flag + " must be at most " + std::to_string(max) + ", got " + v);
       return x;
     };
     // Shape sizes take any integer here: AttentionShape::validate() says what is wrong with them,
@@ -195,8 +198,9 @@ Options parse_args(int argc, char** argv) {
       if (!bench::parse_uint64(v, &o.seed))
         throw UsageError("--seed expects a non-negative integer, got '" + v + "'");
     } else if (flag == "--inputs") o.inputs = parse_inputs(next());
-    else if (flag == "--warmup") o.warmup = integer(0);
-    else if (flag == "--reps") o.reps = integer(1);
+    // Counts of runs end up as int (warmup_for, reps_for): a larger one would wrap negative.
+    else if (flag == "--warmup") o.warmup = integer(0, std::numeric_limits<int>::max());
+    else if (flag == "--reps") o.reps = integer(1, std::numeric_limits<int>::max());
     else if (flag == "--verify-rows") {
       const std::string v = next();
       int64_t n = 0;
@@ -460,6 +464,9 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Pro
   std::ofstream f(path);
   if (!f) throw InputError("--json: cannot write '" + path + "'");
   f << top.dump() << '\n';
+  f.close();
+  // A full disk shows only here; "wrote FILE" and exit status 0 over a truncated file would not do.
+  if (!f) throw std::runtime_error("--json: writing '" + path + "' failed");
 }
 
 void list_rungs(std::ostream& os) {
@@ -494,8 +501,15 @@ int ladder_main(int argc, char** argv) {
   p.shape = opt.shape();
   p.shape.validate();
   p.dtype = opt.dtype;
-  if (!opt.json.empty() && !std::ofstream(opt.json, std::ios::app))  // say so before the work
-    throw InputError("--json: cannot write '" + opt.json + "'");
+  if (!opt.json.empty()) {  // say so before the work
+    // The probe creates the file; a run that dies before writing must not leave it there empty, for
+    // tests/gpu_suite.sh takes an existing file for a finished run and json.load()s it.
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(opt.json, ec);
+    if (!std::ofstream(opt.json, std::ios::app))
+      throw InputError("--json: cannot write '" + opt.json + "'");
+    if (!existed) std::filesystem::remove(opt.json, ec);
+  }
 
   std::string gpu_why;
   const bool gpu_ok = opt.device != "cpu" && gpu::available(&gpu_why);

@@ -8,6 +8,7 @@
 // before it is timed (a rung that fails is reported as an error, never as a time); GPU runs are
 // timed with CUDA events around the kernels alone, with L2 flushed before each call outside the
 // timed region, after untimed warm-up calls; each benchmark is repeated and the median kept.
+// Exit status 1 when a benchmark failed its check or threw (running out of memory is not a failure).
 //
 // Flags of its own, given with Google Benchmark's (--benchmark_*):
 //   --fl_device=cpu|cuda|all   which backends (default all: CPU twins, and GPU rungs if usable)
@@ -214,6 +215,14 @@ Fixture& current_fixture() {
   return f;
 }
 
+// Benchmarks that failed their check or threw: reported as errors in the JSON, and also in the exit
+// status, so a CI smoke run or the GPU suite cannot pass over a rung that computes the wrong thing.
+// Out of memory is expected (rung 00 at large N) and is not counted.
+std::vector<std::string>& failed_benchmarks() {
+  static std::vector<std::string> names;
+  return names;
+}
+
 double host_ms(const std::function<void()>& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
@@ -236,6 +245,7 @@ Fixture& fixture_for(const Case& c) {
     if (!check.pass) {
       f.error = "FAIL against the fp64 oracle: " + check.str();
       f.run.reset();
+      failed_benchmarks().push_back(c.name);
       return f;
     }
     // Warm-up: clocks up, caches and the instruction cache filled, lazy module loading done.
@@ -252,6 +262,7 @@ Fixture& fixture_for(const Case& c) {
   } catch (const std::exception& e) {
     f.error = std::string("error: ") + e.what();
     f.run.reset();
+    failed_benchmarks().push_back(c.name);
   }
   return f;
 }
@@ -358,7 +369,11 @@ int bench_main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks();
   release_fixture();
   benchmark::Shutdown();
-  return 0;
+  const auto& failed = failed_benchmarks();
+  if (failed.empty()) return 0;
+  std::cerr << "ladder_bench: " << failed.size() << " benchmark(s) failed (wrong result or error):\n";
+  for (const auto& n : failed) std::cerr << "  " << n << '\n';
+  return 1;
 }
 
 }  // namespace
