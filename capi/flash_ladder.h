@@ -29,7 +29,12 @@
 #include <stdint.h>
 
 #if defined(_WIN32)
+/* CMake defines flash_ladder_EXPORTS while it builds the library itself. */
+#ifdef flash_ladder_EXPORTS
 #define FL_API __declspec(dllexport)
+#else
+#define FL_API __declspec(dllimport)
+#endif
 #else
 #define FL_API __attribute__((visibility("default")))
 #endif

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +23,11 @@ inline void cuda_check(cudaError_t e, const char* expr, const char* file, int li
 }
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// Whether a pointer is aligned for `bytes`-wide vector loads (16 for float4 / uint4).
+inline bool is_aligned(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
 
 // Integer ceiling division, for grid sizes.
 template <class T>

@@ -115,9 +115,13 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps,
     fn();
   }
   FL_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t start, stop;
-  FL_CUDA_CHECK(cudaEventCreate(&start));
-  FL_CUDA_CHECK(cudaEventCreate(&stop));
+  // Owned events: a failing call below throws, and the events must not leak with it.
+  struct Event {
+    cudaEvent_t e = nullptr;
+    Event() { FL_CUDA_CHECK(cudaEventCreate(&e)); }
+    ~Event() { cudaEventDestroy(e); }
+  } start_event, stop_event;
+  const cudaEvent_t start = start_event.e, stop = stop_event.e;
   std::vector<float> ms;
   for (int i = 0; i < std::max(reps, 1); ++i) {
     if (before) before();
@@ -129,8 +133,6 @@ double time_ms(const std::function<void()>& fn, int warmup, int reps,
     FL_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
     ms.push_back(t);
   }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
   return ms[ms.size() / 2];
 }

@@ -197,14 +197,12 @@ void launch(const AttentionShape& s, const ForwardArgs& a) {
   FL_CUDA_CHECK_LAUNCH();
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void gpu_forward(const AttentionShape& s, const ForwardArgs& a) {
   if (s.heads > 65535 || s.batch > 65535)
     throw InputError("rung 05_fa2_loop_order (cuda): heads and batch must each be at most 65535 (grid y, z)");
-  if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o))
+  if (!is_aligned(a.q, 16) || !is_aligned(a.k, 16) || !is_aligned(a.v, 16) || !is_aligned(a.o, 16))
     throw InputError("rung 05_fa2_loop_order (cuda): q, k, v and o must be 16-byte aligned (the kernel "
                      "moves them in float4s); cudaMalloc and PyTorch allocations are");
   switch (s.head_dim) {

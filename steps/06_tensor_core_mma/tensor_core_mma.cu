@@ -440,14 +440,12 @@ void dispatch(const AttentionShape& s, DType t, const ForwardArgs& a) {
   else dispatch_dim<V, __nv_bfloat16>(s, a);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs& a) {
   if (s.heads > 65535 || s.batch > 65535)
     throw InputError("rung 06_tensor_core_mma (cuda): heads and batch must each be at most 65535 (grid y, z)");
-  if (!aligned16(a.q) || !aligned16(a.k) || !aligned16(a.v) || !aligned16(a.o))
+  if (!is_aligned(a.q, 16) || !is_aligned(a.k, 16) || !is_aligned(a.v, 16) || !is_aligned(a.o, 16))
     throw InputError("rung 06_tensor_core_mma (cuda): q, k, v and o must be 16-byte aligned (the kernel "
                      "moves them in 16-byte pieces); cudaMalloc and PyTorch allocations are");
   switch (v) {
