@@ -229,4 +229,51 @@ ForwardCheck check_forward(const AttentionShape& s, DType t, const ForwardOutput
   return c;
 }
 
+// ---------------------------------------------------------------------------------------------
+BackwardInputs make_backward_inputs(const AttentionShape& s, DType t, const Inputs& in, uint64_t seed) {
+  const ReferenceForward f = reference_forward(s, in.q.data(), in.k.data(), in.v.data());
+  BackwardInputs b;
+  b.o.resize(f.o.size());
+  for (size_t i = 0; i < f.o.size(); ++i) b.o[i] = round_to(t, float(f.o[i]));
+  b.lse.assign(f.lse.begin(), f.lse.end());
+  b.dout = make_inputs(s, t, seed).q;  // same shape as Q, N(0, 1), exact in the dtype
+  return b;
+}
+
+BackwardOutputs run_backward_cpu(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
+                                 const BackwardInputs& bin, IoCounter* io) {
+  if (r.backend() != Backend::Cpu)
+    throw InputError("run_backward_cpu: rung " + r.label() + " is not a CPU twin");
+  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t),
+                                   o = to_storage(bin.o, t), dout = to_storage(bin.dout, t);
+  // Gradients are stored in the call's dtype, as the inputs are; poisoned (NaN) first.
+  std::vector<unsigned char> dq = to_storage(std::vector<float>(s.q_elems(), NAN), t),
+                             dk = to_storage(std::vector<float>(s.kv_elems(), NAN), t),
+                             dv = to_storage(std::vector<float>(s.kv_elems(), NAN), t);
+  std::vector<unsigned char> ws(r.backward_workspace_bytes(s, t));
+  BackwardArgs a;
+  a.q = q.data(), a.k = k.data(), a.v = v.data(), a.o = o.data(), a.lse = bin.lse.data(), a.dout = dout.data();
+  a.dq = dq.data(), a.dk = dk.data(), a.dv = dv.data();
+  a.workspace = ws.empty() ? nullptr : ws.data();
+  a.io = io;
+  r.check(s, t, a);
+  r.backward(s, t, a);
+  return {from_storage(dq, t), from_storage(dk, t), from_storage(dv, t)};
+}
+
+std::string BackwardCheck::str() const {
+  return std::string(pass ? "PASS" : "FAIL") + " dQ: " + dq.str() + " | dK: " + dk.str() + " | dV: " + dv.str();
+}
+
+BackwardCheck check_backward(DType t, const BackwardOutputs& out, const ReferenceBackward& ref, double tol) {
+  BackwardCheck c;
+  c.dq = compare(out.dq.data(), ref.dq.data(), int64_t(out.dq.size()));
+  c.dk = compare(out.dk.data(), ref.dk.data(), int64_t(out.dk.size()));
+  c.dv = compare(out.dv.data(), ref.dv.data(), int64_t(out.dv.size()));
+  const double limit = tol > 0 ? tol : tolerance(t);
+  c.pass = true;
+  for (const ErrorStats* e : {&c.dq, &c.dk, &c.dv}) c.pass = c.pass && e->bad == 0 && e->rel_l2 <= limit;
+  return c;
+}
+
 }  // namespace fl

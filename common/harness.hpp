@@ -72,4 +72,34 @@ struct ForwardCheck {
 ForwardCheck check_forward(const AttentionShape& s, DType t, const ForwardOutputs& out,
                            const ReferenceForward& ref, double tol = 0);
 
+// ---- backward ---------------------------------------------------------------------------------
+
+// What a backward pass reads besides Q, K, V: the forward's O and lse (from the fp64 oracle,
+// rounded as a forward in that dtype would store them) and a random upstream gradient dO.
+struct BackwardInputs {
+  std::vector<float> o;     // [B, H, Nq, d], exact in the dtype
+  std::vector<float> lse;   // [B, H, Nq], fp32
+  std::vector<float> dout;  // [B, H, Nq, d], exact in the dtype
+};
+BackwardInputs make_backward_inputs(const AttentionShape& s, DType t, const Inputs& in, uint64_t seed);
+
+struct BackwardOutputs {
+  std::vector<float> dq;  // [B, H, Nq, d]
+  std::vector<float> dk;  // [B, Hkv, Nk, d]
+  std::vector<float> dv;  // [B, Hkv, Nk, d]
+};
+
+// Runs one backward of a CPU twin on host memory, gradients poisoned (NaN) first. (GPU rungs'
+// backward runs come with their kernels.)
+BackwardOutputs run_backward_cpu(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
+                                 const BackwardInputs& bin, IoCounter* io = nullptr);
+
+struct BackwardCheck {
+  ErrorStats dq, dk, dv;
+  bool pass = false;
+  std::string str() const;
+};
+BackwardCheck check_backward(DType t, const BackwardOutputs& out, const ReferenceBackward& ref,
+                             double tol = 0);
+
 }  // namespace fl

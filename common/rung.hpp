@@ -52,8 +52,8 @@ struct BackwardArgs {
   const void* o = nullptr;    // [B, H, Nq, d]
   const float* lse = nullptr; // [B, H, Nq]
   const void* dout = nullptr; // [B, H, Nq, d]
-  void* dq = nullptr;         // [B, H, Nq, d]
-  void* dk = nullptr;         // [B, Hkv, Nk, d]
+  void* dq = nullptr;         // [B, H, Nq, d]    gradients in the call's dtype
+  void* dk = nullptr;         // [B, Hkv, Nk, d]  summed over the query heads of each group
   void* dv = nullptr;         // [B, Hkv, Nk, d]
   void* workspace = nullptr;
   void* stream = nullptr;
