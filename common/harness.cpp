@@ -240,24 +240,46 @@ BackwardInputs make_backward_inputs(const AttentionShape& s, DType t, const Inpu
   return b;
 }
 
-BackwardOutputs run_backward_cpu(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
-                                 const BackwardInputs& bin, IoCounter* io) {
-  if (r.backend() != Backend::Cpu)
-    throw InputError("run_backward_cpu: rung " + r.label() + " is not a CPU twin");
+BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
+                             const BackwardInputs& bin, IoCounter* io) {
+  r.check_supported(s, t, true);
   const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t),
                                    o = to_storage(bin.o, t), dout = to_storage(bin.dout, t);
   // Gradients are stored in the call's dtype, as the inputs are; poisoned (NaN) first.
   std::vector<unsigned char> dq = to_storage(std::vector<float>(s.q_elems(), NAN), t),
                              dk = to_storage(std::vector<float>(s.kv_elems(), NAN), t),
                              dv = to_storage(std::vector<float>(s.kv_elems(), NAN), t);
-  std::vector<unsigned char> ws(r.backward_workspace_bytes(s, t));
+  const std::size_t ws_bytes = r.backward_workspace_bytes(s, t);
   BackwardArgs a;
-  a.q = q.data(), a.k = k.data(), a.v = v.data(), a.o = o.data(), a.lse = bin.lse.data(), a.dout = dout.data();
-  a.dq = dq.data(), a.dk = dk.data(), a.dv = dv.data();
-  a.workspace = ws.empty() ? nullptr : ws.data();
   a.io = io;
-  r.check(s, t, a);
-  r.backward(s, t, a);
+  if (r.backend() == Backend::Cpu) {
+    std::vector<unsigned char> ws(ws_bytes);
+    a.q = q.data(), a.k = k.data(), a.v = v.data(), a.o = o.data(), a.lse = bin.lse.data(), a.dout = dout.data();
+    a.dq = dq.data(), a.dk = dk.data(), a.dv = dv.data();
+    a.workspace = ws.empty() ? nullptr : ws.data();
+    r.check(s, t, a);
+    r.backward(s, t, a);
+  } else {
+    const std::size_t bytes = 5 * q.size() + 4 * k.size() + 4 * bin.lse.size() + ws_bytes;
+    gpu::require_memory(bytes, "backward of rung " + r.label() + " on " + s.str());
+    auto put = [](const void* host, std::size_t n) {
+      gpu::DeviceBuffer b(n);
+      b.upload(host, n);
+      return b;
+    };
+    gpu::DeviceBuffer q_d = put(q.data(), q.size()), k_d = put(k.data(), k.size()), v_d = put(v.data(), v.size()),
+                      o_d = put(o.data(), o.size()), do_d = put(dout.data(), dout.size()),
+                      l_d = put(bin.lse.data(), 4 * bin.lse.size()), gq(dq.size()), gk(dk.size()), gv(dv.size()),
+                      ws(ws_bytes);
+    gq.poison(), gk.poison(), gv.poison();
+    a.q = q_d.get(), a.k = k_d.get(), a.v = v_d.get(), a.o = o_d.get(), a.dout = do_d.get();
+    a.lse = static_cast<const float*>(l_d.get());
+    a.dq = gq.get(), a.dk = gk.get(), a.dv = gv.get(), a.workspace = ws.get();
+    r.check(s, t, a);
+    r.backward(s, t, a);
+    gpu::synchronize();
+    gq.download(dq.data(), dq.size()), gk.download(dk.data(), dk.size()), gv.download(dv.data(), dv.size());
+  }
   return {from_storage(dq, t), from_storage(dk, t), from_storage(dv, t)};
 }
 

@@ -89,10 +89,10 @@ struct BackwardOutputs {
   std::vector<float> dv;  // [B, Hkv, Nk, d]
 };
 
-// Runs one backward of a CPU twin on host memory, gradients poisoned (NaN) first. (GPU rungs'
-// backward runs come with their kernels.)
-BackwardOutputs run_backward_cpu(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
-                                 const BackwardInputs& bin, IoCounter* io = nullptr);
+// Runs one backward of a rung where it runs (host memory for a twin, device memory for a GPU
+// rung), gradients poisoned (NaN) first; `io` counts a twin's traffic.
+BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
+                             const BackwardInputs& bin, IoCounter* io = nullptr);
 
 struct BackwardCheck {
   ErrorStats dq, dk, dv;

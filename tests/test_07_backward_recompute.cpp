@@ -27,10 +27,33 @@ TEST(Backward, TwinGradientsMatchTheOracle) {
     SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
     const Inputs in = make_inputs(s, DType::F32, seed++);
     const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, seed++);
-    const BackwardOutputs out = run_backward_cpu(twin(), s, DType::F32, in, bin);
+    const BackwardOutputs out = run_backward(twin(), s, DType::F32, in, bin);
     const ReferenceBackward ref = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
     const BackwardCheck c = check_backward(DType::F32, out, ref);
     EXPECT_TRUE(c.pass) << c.str();
+  }
+}
+
+// The readable fp32 CUDA backward: against the oracle, and within 2× its twin's error (with a
+// floor of a tenth of the tolerance, for when both sit at rounding level).
+TEST(Backward, GpuGradientsMatchTheOracleAndTheTwin) {
+  const Rung* gpu = rung_or_skip(backward::kName, Backend::Cuda);
+  if (!gpu) GTEST_SKIP() << skip_reason(Backend::Cuda);
+  uint64_t seed = base_seed();
+  for (const AttentionShape& s : {make_shape(1, 2, 2, 17, 17, 64, true), make_shape(2, 3, 1, 113, 203, 64, true),
+                                  make_shape(1, 2, 2, 203, 113, 128, true), make_shape(1, 4, 2, 77, 300, 128, false),
+                                  make_shape(1, 2, 1, 1000, 1000, 64, false)}) {
+    SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
+    const Inputs in = make_inputs(s, DType::F32, seed++);
+    const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, seed++);
+    const ReferenceBackward ref = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+    const BackwardCheck g = check_backward(DType::F32, run_backward(*gpu, s, DType::F32, in, bin), ref);
+    const BackwardCheck c = check_backward(DType::F32, run_backward(twin(), s, DType::F32, in, bin), ref);
+    EXPECT_TRUE(g.pass) << g.str();
+    const double floor = 0.1 * tolerance(DType::F32);
+    EXPECT_LE(g.dq.rel_l2, 2 * c.dq.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+    EXPECT_LE(g.dk.rel_l2, 2 * c.dk.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+    EXPECT_LE(g.dv.rel_l2, 2 * c.dv.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
   }
 }
 
@@ -70,7 +93,7 @@ TEST(Backward, TrafficMatchesClosedForm) {
     const Inputs in = make_inputs(s, DType::F32, seed++);
     const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, seed++);
     IoCounter io;
-    run_backward_cpu(twin(), s, DType::F32, in, bin, &io);
+    run_backward(twin(), s, DType::F32, in, bin, &io);
     const IoModel m = backward::io_model(s);
     EXPECT_EQ(double(io.read), m.read);
     EXPECT_EQ(double(io.written), m.written);

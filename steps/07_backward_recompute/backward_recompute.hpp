@@ -11,8 +11,8 @@
 // is read, added to and written back on every step (the GPU kernel will use atomics for it).
 // Grouped-query attention: dK and dV of a key/value head sum the query heads of its group.
 //
-// Status: the CPU twin and its IO model. The fp32 CUDA kernel and the tensor-core kernel come
-// next (docs/07_backward_recompute.md). The forward pass is rung 05's.
+// Status: the CPU twin with its IO model, and a readable fp32 CUDA version. The tensor-core
+// backward comes next (docs/07_backward_recompute.md). The forward pass is rung 05's.
 #pragma once
 
 #include "../05_fa2_loop_order/fa2_loop_order.hpp"
@@ -41,5 +41,8 @@ Capabilities capabilities();
 
 // The CPU twin of the backward pass, counting its traffic into a.io when set.
 void twin_backward(const AttentionShape& s, const BackwardArgs& a);
+
+// The readable fp32 CUDA backward (CUDA builds only): D, then one thread block per K/V block.
+void gpu_backward(const AttentionShape& s, const BackwardArgs& a);
 
 }  // namespace fl::backward
