@@ -105,22 +105,6 @@ void twin_backward(const AttentionShape& s, const BackwardArgs& a) {
     }
 }
 
-namespace {
+static const Register<BackwardRung<Backend::Cpu>> registered;
 
-// The rung: rung 05's forward (this rung's subject is the backward pass) and the twin's backward.
-class Twin final : public Rung {
- public:
-  std::string name() const override { return kName; }
-  std::string idea() const override { return kIdea; }
-  Backend backend() const override { return Backend::Cpu; }
-  Capabilities caps() const override { return capabilities(); }
-  std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override { return backward::workspace_bytes(s); }
-  IoModel modelled_io(const AttentionShape& s, DType) const override { return fa2::io_model(s); }
-  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override { fa2::twin_forward(s, a); }
-  void backward(const AttentionShape& s, DType, const BackwardArgs& a) const override { twin_backward(s, a); }
-};
-
-const Register<Twin> registered;
-
-}  // namespace
 }  // namespace fl::backward

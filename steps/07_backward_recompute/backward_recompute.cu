@@ -190,24 +190,6 @@ void gpu_backward(const AttentionShape& s, const BackwardArgs& a) {
   }
 }
 
-namespace {
+static const Register<BackwardRung<Backend::Cuda>> registered;
 
-// Rung 05's forward kernel, this backward.
-class Gpu final : public Rung {
- public:
-  std::string name() const override { return kName; }
-  std::string idea() const override { return kIdea; }
-  Backend backend() const override { return Backend::Cuda; }
-  Capabilities caps() const override { return capabilities(); }
-  std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override {
-    return backward::workspace_bytes(s);
-  }
-  IoModel modelled_io(const AttentionShape& s, DType) const override { return fa2::io_model(s); }
-  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override { fa2::gpu_forward(s, a); }
-  void backward(const AttentionShape& s, DType, const BackwardArgs& a) const override { gpu_backward(s, a); }
-};
-
-const Register<Gpu> registered;
-
-}  // namespace
 }  // namespace fl::backward

@@ -45,4 +45,27 @@ void twin_backward(const AttentionShape& s, const BackwardArgs& a);
 // The readable fp32 CUDA backward (CUDA builds only): D, then one thread block per K/V block.
 void gpu_backward(const AttentionShape& s, const BackwardArgs& a);
 
+// The rung on either backend: rung 05's forward (this rung's subject is the backward pass) and
+// this backward; the twin registers in backward_recompute.cpp, the kernels in the .cu.
+template <Backend B>
+class BackwardRung final : public Rung {
+ public:
+  std::string name() const override { return kName; }
+  std::string idea() const override { return kIdea; }
+  Backend backend() const override { return B; }
+  Capabilities caps() const override { return capabilities(); }
+  std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override {
+    return backward::workspace_bytes(s);
+  }
+  IoModel modelled_io(const AttentionShape& s, DType) const override { return fa2::io_model(s); }
+  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) fa2::twin_forward(s, a);
+    else fa2::gpu_forward(s, a);
+  }
+  void backward(const AttentionShape& s, DType, const BackwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) twin_backward(s, a);
+    else gpu_backward(s, a);
+  }
+};
+
 }  // namespace fl::backward
