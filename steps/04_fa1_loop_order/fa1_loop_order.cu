@@ -10,6 +10,7 @@
 
 #include <cmath>
 
+#include "block_reduce.cuh"
 #include "cuda_check.cuh"
 #include "fa1_loop_order.hpp"
 
@@ -31,16 +32,6 @@ constexpr std::size_t smem_floats() {
          + b.bc * D          // V_j
          + b.br * (D + 1)    // Q_i
          + b.br * (b.bc + 1);  // P̃_ij
-}
-
-// Max and sum across the 16 lanes that share a row (lanes differing only in tx, bits 0–3).
-__device__ float row_max(float x) {
-  for (int o = 8; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ float row_sum(float x) {
-  for (int o = 8; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
 }
 
 template <int D>
@@ -124,7 +115,7 @@ fa1_kernel(const float* __restrict__ q,  // [B, H, Nq, d]
           s[a][b] = (col >= nk || (causal && col > row + (nk - nq))) ? -INFINITY : s[a][b] * scale;
           mx = fmaxf(mx, s[a][b]);
         }
-        mx = row_max(mx);
+        mx = group_reduce<kSide>(mx, MaxOp{});
         float sum = 0.f;
 #pragma unroll
         for (int b = 0; b < TN; ++b) {
@@ -132,7 +123,7 @@ fa1_kernel(const float* __restrict__ q,  // [B, H, Nq, d]
           Ps[(ty + kSide * a) * (BC + 1) + tx + kSide * b] = p;
           sum += p;
         }
-        blk[a] = {mx, row_sum(sum)};
+        blk[a] = {mx, group_reduce<kSide>(sum, SumOp{})};
       }
       __syncthreads();
 

@@ -14,6 +14,7 @@
 
 #include <cmath>
 
+#include "block_reduce.cuh"
 #include "cuda_check.cuh"
 #include "fa2_loop_order.hpp"
 
@@ -33,14 +34,6 @@ constexpr std::size_t smem_floats() {
   return BR * (D + kPad) + D * (BC + kPad) + BC * (D + kPad);
 }
 
-__device__ float row_max(float x) {  // across the 16 lanes that share rows (tx = lane bits 0–3)
-  for (int o = 8; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ float row_sum(float x) {
-  for (int o = 8; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 __device__ float component(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
 template <int D>
@@ -132,14 +125,14 @@ fa2_kernel(const float* __restrict__ q,  // [B, H, Nq, d]
         s[r][c] = hidden ? -INFINITY : s[r][c] * scale_log2;
         mx = fmaxf(mx, s[r][c]);
       }
-      const float m_new = fmaxf(m[r], row_max(mx));
+      const float m_new = fmaxf(m[r], group_reduce<kSide>(mx, MaxOp{}));
       // A row that has seen no key yet keeps m = −∞: use 0 as the reference so no −∞ − −∞ occurs.
       const float ref = m_new == -INFINITY ? 0.f : m_new;
       const float alpha = exp2f(m[r] - ref);  // rescales what was accumulated under the old max
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < 4; ++c) sum += (p[r][c] = exp2f(s[r][c] - ref));
-      l[r] = alpha * l[r] + row_sum(sum);
+      l[r] = alpha * l[r] + group_reduce<kSide>(sum, SumOp{});
       m[r] = m_new;
 #pragma unroll
       for (int c = 0; c < 4 * TE; ++c) acc[r][c] *= alpha;

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "block_reduce.cuh"
 #include "cuda_check.cuh"
 #include "mma_layout.hpp"
 #include "tensor_core_mma.hpp"
@@ -189,16 +190,6 @@ __device__ float fast_exp2(float x) {
   return y;
 }
 
-// Max and sum across the 4 lanes of a quad (lanes 4g..4g+3 hold the same two rows).
-__device__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <Version V, class T, int D>
@@ -315,7 +306,7 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
           float mx = -INFINITY;  // in raw score units: the scale is positive, so max commutes
 #pragma unroll
           for (int n = 0; n < BC / 8; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
-          const float m_new = fmaxf(m[mt][h], quad_max(mx) * scale_log2);
+          const float m_new = fmaxf(m[mt][h], group_reduce<4>(mx, MaxOp{}) * scale_log2);
           const float ref = m_new == -INFINITY ? 0.f : m_new;
           alpha[h] = fast_exp2(m[mt][h] - ref);
           float sum = 0.f;
@@ -349,7 +340,7 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
               s[mt][n][e] = hidden ? -INFINITY : s[mt][n][e] * scale_log2;
               mx = fmaxf(mx, s[mt][n][e]);
             }
-          const float m_new = fmaxf(m[mt][h], quad_max(mx));
+          const float m_new = fmaxf(m[mt][h], group_reduce<4>(mx, MaxOp{}));
           const float ref = m_new == -INFINITY ? 0.f : m_new;  // no −∞ − −∞ for a row with nothing yet
           alpha[h] = exp2f(m[mt][h] - ref);
           float sum = 0.f;
@@ -398,7 +389,7 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float lsum = quad_sum(l[mt][h]);
+      const float lsum = group_reduce<4>(l[mt][h], SumOp{});
       const int64_t row = i0 + r0 + 16 * mt + g + 8 * h;
       if (row >= nq) continue;
       const float inv = lsum > 0.f ? 1.f / lsum : 0.f;  // a row that saw no key: O = 0
