@@ -21,10 +21,13 @@
 #include "block_reduce.cuh"
 #include "cuda_check.cuh"
 #include "mma_layout.hpp"
+#include "mma_sync.cuh"
 #include "tensor_core_mma.hpp"
 
 namespace fl::tensor_core_mma {
 namespace {
+
+using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2
 
 constexpr int kPad = 8;  // unswizzled rows: +16 bytes, so 8 rows of an 8×8 piece start 4 banks apart
 constexpr float kLog2e = 1.4426950408889634f;
@@ -61,66 +64,6 @@ struct Smem {
 };
 
 // ---- device helpers ---------------------------------------------------------------------------
-
-// Two floats as one 32-bit register of two 16-bit values, the lower column in the low half.
-template <class T>
-__device__ uint32_t pack(float lo, float hi) {
-  if constexpr (std::is_same_v<T, __half>) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-template <class T>
-__device__ uint32_t pack(T lo, T hi) {
-  return uint32_t(*reinterpret_cast<const uint16_t*>(&lo)) |
-         (uint32_t(*reinterpret_cast<const uint16_t*>(&hi)) << 16);
-}
-
-// D += A·B for one 16×16 × 16×8 tile, fp32 accumulators.
-template <class T>
-__device__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t b0, const uint32_t b1) {
-  if constexpr (std::is_same_v<T, __half>) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Four 8×8 pieces of 16-bit values for the whole warp: lanes 8i..8i+7 give the row addresses of
-// piece i, and each lane gets (row lane/4, columns 2·(lane%4), +1) of every piece, one register
-// each; .trans hands out the transpose, (rows 2·(lane%4), +1, column lane/4).
-__device__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-  const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// 16 bytes from global to shared memory without passing through registers; zeros when !valid.
-__device__ void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 // rows × D elements from global into a shared tile, in 16-byte chunks; rows at or past `valid`
 // are zero (a ragged last block: no NaN can come in through 0·garbage).
@@ -181,13 +124,6 @@ __device__ void load_b_cols(uint32_t (&b)[4], const T* tile, int k0, int n0, int
       b[r] = pack<T>(tile[Smem<F, D>::at(k0 + e0.row, n + e0.col)], tile[Smem<F, D>::at(k0 + e1.row, n + e1.col)]);
     }
   }
-}
-
-// 2^x in one MUFU instruction (ex2.approx flushes subnormal results to 0; 2^−∞ = +0).
-__device__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
