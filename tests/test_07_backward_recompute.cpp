@@ -10,12 +10,38 @@
 namespace fl::testing {
 namespace {
 
-INSTANTIATE_TEST_SUITE_P(Rung07, RungConformance, ::testing::Values(backward::kName));
+INSTANTIATE_TEST_SUITE_P(Rung07, RungConformance, ::testing::Values(backward::kName, backward::kMmaName));
 
-const Rung& twin() {
-  const Rung* r = Registry::instance().find(backward::kName, Backend::Cpu);
-  if (!r) throw std::logic_error("rung 07 twin not registered");
+const Rung& twin(const char* name = backward::kName) {
+  const Rung* r = Registry::instance().find(name, Backend::Cpu);
+  if (!r) throw std::logic_error(std::string(name) + " twin not registered");
   return *r;
+}
+
+// Ragged, causal (with rows that see no key when Nq > Nk), GQA, both head dims: the shapes the
+// GPU tests run.
+std::vector<AttentionShape> gpu_shapes() {
+  return {make_shape(1, 2, 2, 17, 17, 64, true),    make_shape(2, 3, 1, 113, 203, 64, true),
+          make_shape(1, 2, 2, 203, 113, 128, true), make_shape(1, 4, 2, 77, 300, 128, false),
+          make_shape(1, 2, 1, 1000, 1000, 64, false), make_shape(1, 2, 2, 333, 333, 128, true)};
+}
+
+// A GPU backward against the oracle, and within 2× its twin's error (with a floor of a tenth of
+// the tolerance, for when both sit at rounding level).
+void expect_gpu_matches_oracle_and_twin(const char* name, DType t, const AttentionShape& s, uint64_t seed) {
+  const Rung* gpu = rung_or_skip(name, Backend::Cuda);
+  if (!gpu) GTEST_SKIP() << skip_reason(Backend::Cuda);
+  SCOPED_TRACE(std::string(name) + " " + dtype_name(t) + " " + s.str() + " seed=" + std::to_string(seed));
+  const Inputs in = make_inputs(s, t, seed);
+  const BackwardInputs bin = make_backward_inputs(s, t, in, seed + 1);
+  const ReferenceBackward ref = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+  const BackwardCheck g = check_backward(t, run_backward(*gpu, s, t, in, bin), ref);
+  const BackwardCheck c = check_backward(t, run_backward(twin(name), s, t, in, bin), ref);
+  EXPECT_TRUE(g.pass) << g.str();
+  const double floor = 0.1 * tolerance(t);
+  EXPECT_LE(g.dq.rel_l2, 2 * c.dq.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+  EXPECT_LE(g.dk.rel_l2, 2 * c.dk.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+  EXPECT_LE(g.dv.rel_l2, 2 * c.dv.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
 }
 
 // Ragged, causal (with rows that see no key when Nq > Nk), GQA, both head dims.
@@ -34,26 +60,37 @@ TEST(Backward, TwinGradientsMatchTheOracle) {
   }
 }
 
-// The readable fp32 CUDA backward: against the oracle, and within 2× its twin's error (with a
-// floor of a tenth of the tolerance, for when both sit at rounding level).
+// The readable fp32 CUDA backward.
 TEST(Backward, GpuGradientsMatchTheOracleAndTheTwin) {
-  const Rung* gpu = rung_or_skip(backward::kName, Backend::Cuda);
-  if (!gpu) GTEST_SKIP() << skip_reason(Backend::Cuda);
   uint64_t seed = base_seed();
-  for (const AttentionShape& s : {make_shape(1, 2, 2, 17, 17, 64, true), make_shape(2, 3, 1, 113, 203, 64, true),
-                                  make_shape(1, 2, 2, 203, 113, 128, true), make_shape(1, 4, 2, 77, 300, 128, false),
-                                  make_shape(1, 2, 1, 1000, 1000, 64, false)}) {
-    SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
-    const Inputs in = make_inputs(s, DType::F32, seed++);
-    const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, seed++);
-    const ReferenceBackward ref = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
-    const BackwardCheck g = check_backward(DType::F32, run_backward(*gpu, s, DType::F32, in, bin), ref);
-    const BackwardCheck c = check_backward(DType::F32, run_backward(twin(), s, DType::F32, in, bin), ref);
-    EXPECT_TRUE(g.pass) << g.str();
-    const double floor = 0.1 * tolerance(DType::F32);
-    EXPECT_LE(g.dq.rel_l2, 2 * c.dq.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
-    EXPECT_LE(g.dk.rel_l2, 2 * c.dk.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
-    EXPECT_LE(g.dv.rel_l2, 2 * c.dv.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+  for (const AttentionShape& s : gpu_shapes()) expect_gpu_matches_oracle_and_twin(backward::kName, DType::F32, s, seed += 2);
+}
+
+// The tensor-core backward, fp16 and bf16, against the oracle and the numerics twin.
+TEST(Backward, GpuMmaGradientsMatchTheOracleAndTheTwin) {
+  uint64_t seed = base_seed();
+  for (DType t : {DType::F16, DType::BF16})
+    for (const AttentionShape& s : gpu_shapes()) expect_gpu_matches_oracle_and_twin(backward::kMmaName, t, s, seed += 2);
+}
+
+// The tensor-core rung's twin makes the kernel's roundings and still meets the dtype's tolerance;
+// bf16's 3 fewer mantissa bits show as a larger error than fp16's.
+TEST(Backward, MmaTwinGradientsMatchTheOracle) {
+  uint64_t seed = base_seed();
+  for (const AttentionShape& s : {make_shape(1, 2, 2, 17, 17, 64, true), make_shape(2, 4, 2, 113, 203, 64, true),
+                                  make_shape(1, 2, 2, 203, 113, 128, true), make_shape(1, 2, 1, 150, 150, 128, false)}) {
+    double err[2] = {};
+    for (DType t : {DType::F16, DType::BF16}) {
+      SCOPED_TRACE(s.str() + " " + dtype_name(t) + " seed=" + std::to_string(seed));
+      const Inputs in = make_inputs(s, t, seed++);
+      const BackwardInputs bin = make_backward_inputs(s, t, in, seed++);
+      const BackwardOutputs out = run_backward(twin(backward::kMmaName), s, t, in, bin);
+      const ReferenceBackward ref = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+      const BackwardCheck c = check_backward(t, out, ref);
+      EXPECT_TRUE(c.pass) << c.str();
+      err[t == DType::BF16] = c.dq.rel_l2 + c.dk.rel_l2 + c.dv.rel_l2;
+    }
+    EXPECT_GT(err[1], 3 * err[0]) << "bf16 error " << err[1] << " vs fp16 " << err[0];
   }
 }
 
@@ -94,12 +131,20 @@ TEST(Backward, TrafficMatchesClosedForm) {
     const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, seed++);
     IoCounter io;
     run_backward(twin(), s, DType::F32, in, bin, &io);
-    const IoModel m = backward::io_model(s);
+    const IoModel m = backward::io_model(s, DType::F32);
     EXPECT_EQ(double(io.read), m.read);
     EXPECT_EQ(double(io.written), m.written);
+    // The tensor-core rung's twin: 2-byte elements, and the last pass over dQ's accumulator.
+    const Inputs in16 = make_inputs(s, DType::BF16, seed++);
+    const BackwardInputs bin16 = make_backward_inputs(s, DType::BF16, in16, seed++);
+    IoCounter io16;
+    run_backward(twin(backward::kMmaName), s, DType::BF16, in16, bin16, &io16);
+    const IoModel m16 = backward::io_model(s, DType::BF16);
+    EXPECT_EQ(double(io16.read), m16.read);
+    EXPECT_EQ(double(io16.written), m16.written);
   }
   const double N = 1024, d = 64, tc = 16;
-  const IoModel m = backward::io_model(make_shape(1, 1, 1, 1024, 1024, 64, false));
+  const IoModel m = backward::io_model(make_shape(1, 1, 1, 1024, 1024, 64, false), DType::F32);
   EXPECT_EQ(m.read, 4 * (2 * N * d + 2 * N * d + tc * N * (3 * d + 2)));
   EXPECT_EQ(m.written, 4 * (N + N * d + 2 * N * d + tc * N * d));
 }
@@ -107,6 +152,9 @@ TEST(Backward, TrafficMatchesClosedForm) {
 TEST(Backward, ExtraMemoryIsLinearInN) {
   EXPECT_EQ(twin().backward_workspace_bytes(make_shape(1, 16, 16, 65536, 65536, 64, false), DType::F32),
             std::size_t(16) * 65536 * 4);  // D: 4 MiB, where P would be 256 GiB
+  // The tensor-core rung adds dQ's fp32 accumulator: 16 · 65536 · 64 · 4 bytes = 256 MiB.
+  EXPECT_EQ(twin(backward::kMmaName).backward_workspace_bytes(make_shape(1, 16, 16, 65536, 65536, 64, false), DType::BF16),
+            std::size_t(16) * 65536 * 4 + std::size_t(16) * 65536 * 64 * 4);
 }
 
 TEST(Backward, RefusesMissingPointers) {

@@ -1,0 +1,344 @@
+// Rung 07, GPU: the backward pass on the tensor cores, fp16/bf16 in, fp32 accumulation.
+//
+// The structure is backward_recompute.cu's: one thread block per (K/V block j, key/value head,
+// batch) keeps K_j and V_j in shared memory and dK_j, dV_j in registers while every Q block of the
+// group's query heads passes by, and dQ is added to device memory with atomics. What changes is
+// that the five products of a step are mma.sync instructions (rung 06's mma_sync.cuh), and that
+// the work is split so that as little as possible leaves registers:
+//
+//   Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ are computed transposed, so warp w owns keys 16w..16w+15 of
+//   both as C fragments. Pᵀ and dSᵀ, formed in place, are then in the A layout of
+//   dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i (the C-is-A trick of rung 06, on the key side): P never
+//   touches shared memory, and dK_j, dV_j of the warp's 16 keys accumulate in its registers.
+//
+//   dQ_i += dS K_j needs dS by query rows, which four warps hold in pieces: dSᵀ goes to shared
+//   memory once (16 bits), and warp w multiplies query rows 16w..16w+15 of it by K_j, reading it
+//   back with ldmatrix.trans, and adds the result to an fp32 accumulator with float2 atomics.
+//
+// Three kernels: `preprocess_mma_kernel` (D = rowsum(dO ∘ O), and zeroes the accumulator),
+// `backward_mma_kernel`, and `convert_dq_kernel` (dQ = scale · accumulator, in the dtype).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "../06_tensor_core_mma/mma_sync.cuh"
+#include "backward_recompute.hpp"
+#include "block_reduce.cuh"
+#include "cuda_check.cuh"
+
+namespace fl::backward {
+namespace {
+
+using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int BR = int(kBr), BC = int(kBc);
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+static_assert(BC == 16 * kWarps && BR == 16 * kWarps, "each warp owns 16 keys, then 16 query rows");
+
+// Element (row, col) of a shared tile with LD elements per row, its 16-byte chunks XOR-swizzled
+// by row % 8 (rung 06's v4): ldmatrix reads 8 rows at one chunk column from 8 bank groups.
+template <int LD>
+__device__ __forceinline__ int swz(int row, int col) {
+  static_assert(LD >= 64, "at least 8 chunks per row");
+  return row * LD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+// rows × D elements from global memory into a swizzled shared tile with cp.async; rows at or past
+// `valid` are zeros.
+template <class T, int D>
+__device__ void load_tile(T* dst, const T* src, int rows, int valid) {
+  constexpr int kChunks = D / 8;
+  for (int c = threadIdx.x; c < rows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = 8 * (c % kChunks);
+    cp_async_16(dst + swz<D>(r, col), src + int64_t(r < valid ? r : 0) * D + col, r < valid);
+  }
+}
+
+// Two adjacent floats added to device memory: one red.global.add.v2.f32 on Hopper, two before.
+__device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+
+// D_r = Σ_c dO_rc · O_rc in fp32, D/8 lanes per row (one 16-byte chunk each), and the row's dQ
+// accumulator set to zero.
+template <class T, int D>
+__global__ void preprocess_mma_kernel(const T* __restrict__ o, const T* __restrict__ dout, float* __restrict__ Dsum,
+                                      float* __restrict__ dq_acc, int64_t rows) {
+  constexpr int kLanes = D / 8;
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = tid / kLanes;
+  const int col = 8 * int(tid % kLanes);
+  const bool in = row < rows;
+  float acc = 0.f;
+  if (in) {
+    const uint4 a = *reinterpret_cast<const uint4*>(o + row * D + col);
+    const uint4 b = *reinterpret_cast<const uint4*>(dout + row * D + col);
+    const T* x = reinterpret_cast<const T*>(&a);
+    const T* y = reinterpret_cast<const T*>(&b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc += float(x[i]) * float(y[i]);
+    float4* z = reinterpret_cast<float4*>(dq_acc + row * D + col);
+    z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  acc = group_reduce<kLanes>(acc, SumOp{});  // every lane of the warp takes part
+  if (in && col == 0) Dsum[row] = acc;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads)
+backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,H,Nq,d], [B,Hkv,Nk,d]
+                    const T* __restrict__ v, const T* __restrict__ dout,  // [B,Hkv,Nk,d], [B,H,Nq,d]
+                    const float* __restrict__ lse, const float* __restrict__ Dsum,  // [B,H,Nq] each
+                    float* __restrict__ dq_acc,  // [B,H,Nq,d] fp32, zeroed, added to atomically, unscaled
+                    T* __restrict__ dk, T* __restrict__ dv,  // [B,Hkv,Nk,d]
+                    int heads, int group, int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
+  T* Vs = Ks + BC * D;                      // [BC][D]
+  T* Qs = Vs + BC * D;                      // [2][BR][D]  two buffers: step s+1 loads during step s
+  T* dOs = Qs + 2 * BR * D;                 // [2][BR][D]
+  T* dSs = dOs + 2 * BR * D;                // [BC][BR]    dSᵀ of the step, for dQ
+  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR] L·log2(e); +∞ where P must be 0
+  float* Ds = Ls + 2 * BR;                               // [2][BR]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int kw = 16 * warp;  // the warp's first key of the block, and later its first query row
+  const int64_t j0 = int64_t(blockIdx.x) * BC;
+  const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
+  const int64_t kv_row0 = (int64_t(b) * kv_heads + hk) * nk;
+  const int64_t off = nk - nq;  // row i sees keys ≤ i + off (causal, aligned bottom-right)
+
+  // The steps: every (query head of the group, Q block that sees a key of block j).
+  const int64_t first_row = causal ? std::max(int64_t(0), j0 - off) : 0;
+  const int ib0 = int(first_row / BR);
+  const int n_ib = first_row < nq ? int(ceil_div<int64_t>(nq, BR)) - ib0 : 0;
+  const int steps = group * n_ib;
+  auto q_row0 = [&](int step) {  // first row of the step's Q block in [B·H·Nq]
+    return (int64_t(b) * heads + hk * group + step / n_ib) * nq + int64_t(ib0 + step % n_ib) * BR;
+  };
+  auto load_step = [&](int step, int buf) {
+    const int64_t i0 = int64_t(ib0 + step % n_ib) * BR, row0 = q_row0(step);
+    const int valid = int(std::min(int64_t(BR), nq - i0));
+    load_tile<T, D>(Qs + buf * BR * D, q + row0 * D, BR, valid);
+    load_tile<T, D>(dOs + buf * BR * D, dout + row0 * D, BR, valid);
+    for (int r = threadIdx.x; r < BR; r += kThreads) {  // padding rows and rows that saw no key: P = 0
+      const float l = r < valid ? lse[row0 + r] : -INFINITY;
+      Ls[buf * BR + r] = l == -INFINITY ? INFINITY : l * kLog2e;
+      Ds[buf * BR + r] = r < valid ? Dsum[row0 + r] : 0.f;
+    }
+  };
+
+  load_tile<T, D>(Ks, k + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
+  load_tile<T, D>(Vs, v + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
+  if (steps > 0) load_step(0, 0);
+  cp_async_commit();
+
+  // dK_j (unscaled) and dV_j of the warp's keys kw + g (+8), columns 8c + 2t (+1).
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+
+  for (int step = 0; step < steps; ++step) {
+    const int buf = step & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // this step's tiles are in for every thread, and every warp is past the last step
+    if (step + 1 < steps) {
+      load_step(step + 1, buf ^ 1);
+      cp_async_commit();
+    }
+    const int64_t i0 = int64_t(ib0 + step % n_ib) * BR;
+    const T* Qb = Qs + buf * BR * D;
+    const T* dOb = dOs + buf * BR * D;
+    const float* Lb = Ls + buf * BR;
+    const float* Db = Ds + buf * BR;
+
+    // Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ: 16 keys × 64 query rows each, 8 C tiles; k-steps along d.
+    float st[BR / 8][4] = {}, dpt[BR / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[4], av[4];
+      ldmatrix_x4(ak, Ks + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+      ldmatrix_x4(av, Vs + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+#pragma unroll
+      for (int np = 0; np < BR / 16; ++np) {  // B(k, n) = Q[n][k]: rows of Q are columns of B
+        uint32_t bq[4], bo[4];
+        const int r = 16 * np + lane % 8 + 8 * (lane / 16), c = 16 * kk + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(bq, Qb + swz<D>(r, c));
+        ldmatrix_x4(bo, dOb + swz<D>(r, c));
+        mma_16816<T>(st[2 * np], ak, bq[0], bq[1]);
+        mma_16816<T>(st[2 * np + 1], ak, bq[2], bq[3]);
+        mma_16816<T>(dpt[2 * np], av, bo[0], bo[1]);
+        mma_16816<T>(dpt[2 * np + 1], av, bo[2], bo[3]);
+      }
+    }
+
+    // Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − D), in place. Element e of tile n
+    // is key kw + g + 8·(e/2), query row 8n + 2t + e%2. Only a block with keys past Nk or keys
+    // past some row's causal limit is masked.
+    if (j0 + BC > nk || (causal && j0 + BC - 1 > i0 + off)) {
+#pragma unroll
+      for (int n = 0; n < BR / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t key = j0 + kw + g + 8 * (e / 2), row = i0 + 8 * n + 2 * t + e % 2;
+          if (key >= nk || (causal && key > row + off)) st[n][e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < BR / 8; ++n) {
+      const float2 l = *reinterpret_cast<const float2*>(Lb + 8 * n + 2 * t);
+      const float2 dd = *reinterpret_cast<const float2*>(Db + 8 * n + 2 * t);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = fast_exp2(fmaf(st[n][e], scale_log2, -(e % 2 ? l.y : l.x)));
+        st[n][e] = p;
+        dpt[n][e] = p * (dpt[n][e] - (e % 2 ? dd.y : dd.x));
+      }
+    }
+
+    // dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i: C tiles 2kk and 2kk+1 of Pᵀ (dSᵀ) are the A tile of
+    // k-step kk (16 query rows); B(k, n) = dO[k][n], read transposed. dSᵀ also goes to shared
+    // memory, 16 bits, for dQ.
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      uint32_t ap[4], as[4];
+      ap[0] = pack<T>(st[2 * kk][0], st[2 * kk][1]);
+      ap[1] = pack<T>(st[2 * kk][2], st[2 * kk][3]);
+      ap[2] = pack<T>(st[2 * kk + 1][0], st[2 * kk + 1][1]);
+      ap[3] = pack<T>(st[2 * kk + 1][2], st[2 * kk + 1][3]);
+      as[0] = pack<T>(dpt[2 * kk][0], dpt[2 * kk][1]);
+      as[1] = pack<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
+      as[2] = pack<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
+      as[3] = pack<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
+      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g, 16 * kk + 2 * t)) = as[0];
+      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g + 8, 16 * kk + 2 * t)) = as[1];
+      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g, 16 * kk + 8 + 2 * t)) = as[2];
+      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g + 8, 16 * kk + 8 + 2 * t)) = as[3];
+#pragma unroll
+      for (int cp = 0; cp < D / 16; ++cp) {
+        uint32_t bo[4], bq[4];
+        const int r = 16 * kk + lane % 8 + 8 * ((lane / 8) % 2), c = 16 * cp + 8 * (lane / 16);
+        ldmatrix_x4_trans(bo, dOb + swz<D>(r, c));
+        ldmatrix_x4_trans(bq, Qb + swz<D>(r, c));
+        mma_16816<T>(dv_acc[2 * cp], ap, bo[0], bo[1]);
+        mma_16816<T>(dv_acc[2 * cp + 1], ap, bo[2], bo[3]);
+        mma_16816<T>(dk_acc[2 * cp], as, bq[0], bq[1]);
+        mma_16816<T>(dk_acc[2 * cp + 1], as, bq[2], bq[3]);
+      }
+    }
+    __syncthreads();  // all of dSᵀ is in shared memory
+
+    // dQ_i += dS K_j for query rows kw..kw+15, 64 columns at a time. A(m, k) = dSᵀ[k][m], read
+    // with ldmatrix.trans; B(k, n) = K[k][n], also transposed. Rows past Nq add nothing.
+    const int64_t row = i0 + kw + g;
+    float* dst = dq_acc + (q_row0(step) + kw + g) * D + 2 * t;
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half) {
+      float dq[8][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, dSs + swz<BR>(16 * kk + lane % 8 + 8 * (lane / 16), kw + 8 * ((lane / 8) % 2)));
+#pragma unroll
+        for (int cp = 0; cp < 4; ++cp) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, Ks + swz<D>(16 * kk + lane % 8 + 8 * ((lane / 8) % 2), 64 * half + 16 * cp + 8 * (lane / 16)));
+          mma_16816<T>(dq[2 * cp], a, bk[0], bk[1]);
+          mma_16816<T>(dq[2 * cp + 1], a, bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        if (row < nq) atomic_add2(dst + 64 * half + 8 * c, dq[c][0], dq[c][1]);
+        if (row + 8 < nq) atomic_add2(dst + 8 * D + 64 * half + 8 * c, dq[c][2], dq[c][3]);
+      }
+    }
+  }
+  cp_async_wait<0>();  // K/V may still be landing if this block had no step
+
+  // dK_j = scale · Σ dSᵀ Q and dV_j, rounded once, for the keys that exist.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t key = j0 + kw + g + 8 * h;
+    if (key >= nk) continue;
+#pragma unroll
+    for (int c = 0; c < D / 8; ++c) {
+      const int64_t at = (kv_row0 + key) * D + 8 * c + 2 * t;
+      *reinterpret_cast<uint32_t*>(dk + at) = pack<T>(scale * dk_acc[c][2 * h], scale * dk_acc[c][2 * h + 1]);
+      *reinterpret_cast<uint32_t*>(dv + at) = pack<T>(dv_acc[c][2 * h], dv_acc[c][2 * h + 1]);
+    }
+  }
+}
+
+// dQ = scale · accumulator, rounded to T, 8 elements per thread.
+template <class T>
+__global__ void convert_dq_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t n8, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 x = reinterpret_cast<const float4*>(acc)[2 * i], y = reinterpret_cast<const float4*>(acc)[2 * i + 1];
+    reinterpret_cast<uint4*>(dq)[i] = uint4{pack<T>(scale * x.x, scale * x.y), pack<T>(scale * x.z, scale * x.w),
+                                            pack<T>(scale * y.x, scale * y.y), pack<T>(scale * y.z, scale * y.w)};
+  }
+}
+
+template <class T, int D>
+void launch(const AttentionShape& s, const BackwardArgs& a) {
+  const cudaStream_t stream = as_stream(a.stream);
+  unsigned char* ws = static_cast<unsigned char*>(a.workspace);
+  float* Dsum = reinterpret_cast<float*>(ws);
+  float* acc = reinterpret_cast<float*>(ws + dq_accum_offset(s));
+  const int64_t rows = s.batch * s.heads * s.seq_q;
+  preprocess_mma_kernel<T, D><<<unsigned(ceil_div<int64_t>(rows * (D / 8), 256)), 256, 0, stream>>>(
+      static_cast<const T*>(a.o), static_cast<const T*>(a.dout), Dsum, acc, rows);
+  FL_CUDA_CHECK_LAUNCH();
+
+  constexpr std::size_t bytes = std::size_t(2 * BC * D + 4 * BR * D + BC * BR) * sizeof(T) + 4 * BR * sizeof(float);
+  FL_CUDA_CHECK(cudaFuncSetAttribute(backward_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, BC)), unsigned(s.kv_heads), unsigned(s.batch));
+  const float scale = s.softmax_scale();
+  backward_mma_kernel<T, D><<<grid, kThreads, bytes, stream>>>(
+      static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
+      static_cast<const T*>(a.dout), a.lse, Dsum, acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), int(s.heads),
+      int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal);
+  FL_CUDA_CHECK_LAUNCH();
+
+  const int64_t n8 = s.q_elems() / 8;
+  const unsigned blocks = unsigned(std::min<int64_t>(ceil_div<int64_t>(n8, 256), 132 * 32));
+  convert_dq_kernel<T><<<blocks, 256, 0, stream>>>(acc, static_cast<T*>(a.dq), n8, scale);
+  FL_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+void dispatch_dim(const AttentionShape& s, const BackwardArgs& a) {
+  switch (s.head_dim) {
+    case 64: return launch<T, 64>(s, a);
+    case 128: return launch<T, 128>(s, a);
+    default: throw InputError(std::string("rung ") + kMmaName + " (cuda): head_dim " + std::to_string(s.head_dim) +
+                              " has no kernel; supported: 64, 128");
+  }
+}
+
+}  // namespace
+
+void gpu_backward_mma(const AttentionShape& s, DType t, const BackwardArgs& a) {
+  const std::string who = std::string("rung ") + kMmaName + " (cuda): ";
+  if (s.kv_heads > 65535 || s.batch > 65535) throw InputError(who + "kv_heads and batch must each be at most 65535");
+  for (const void* p : {a.q, a.k, a.v, a.o, a.dout, static_cast<const void*>(a.dq), static_cast<const void*>(a.dk),
+                        static_cast<const void*>(a.dv), static_cast<const void*>(a.workspace)})
+    if (!is_aligned(p, 16))
+      throw InputError(who + "q, k, v, o, dout, dq, dk, dv and the workspace must be 16-byte aligned (the kernels "
+                             "move them in 16-byte pieces); cudaMalloc and PyTorch allocations are");
+  if (t == DType::F16) dispatch_dim<__half>(s, a);
+  else dispatch_dim<__nv_bfloat16>(s, a);
+}
+
+static const Register<BackwardRung<Backend::Cuda, Precision::TensorCore>> registered_mma;
+
+}  // namespace fl::backward
