@@ -11,8 +11,19 @@
 // model, the same formula its CPU twin's counted traffic is pinned to), the extra memory it needs,
 // and its error against the oracle. All rungs get the same inputs and the oracle runs once.
 //
+// Rungs with a backward pass (Capabilities::backward) get a second table below the first: the
+// backward's median time alone and that of a forward followed by a backward, TFLOP/s by the same
+// convention (2.5× and 3.5× the forward's FLOPs), the extra memory the backward needs, and the
+// relative L2 errors of dQ, dK and dV against the fp64 oracle's backward. That oracle holds whole
+// N×N matrices, so on a large problem the gradients are checked on a smaller one (one group of
+// heads, shorter sequences: bench::backward_check_shape) while the times are of the problem asked
+// for; a CPU twin's backward runs, timed and checked, on a problem of at most 2^24 B·H·Nq·Nk·d
+// (kTwinBackwardLimit), which keeps the default run quick. --no-backward leaves the table out.
+//
 // Exit status: 0 when every row that ran passed, 1 when one failed, 2 for a bad command line or a
-// problem no rung can take (zero sizes, H not a multiple of Hkv, an unknown dtype).
+// problem no rung can take (zero sizes, H not a multiple of Hkv, an unknown dtype, or a dtype, head
+// dim, mask or GQA that every selected rung refuses). When nothing ran for another reason (the CPU
+// twins sitting out a large problem, too little device memory) the ladder says so and exits 0.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +50,11 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // the twins sit out unless --device cpu asks for them (naming them in --rungs is not enough).
 constexpr double kCpuTwinFlopLimit = 2e10;
 
+// A CPU twin's backward runs, timed and checked, on a problem of at most this many B·H·Nq·Nk·d
+// (one head of the default problem): the default ladder, which CI runs on two cores, stays quick.
+// bench::backward_check_shape picks it; the table says when it is smaller than the problem.
+constexpr double kTwinBackwardLimit = double(int64_t(1) << 24);
+
 // Long sequences are checked on a sample of query rows (each still attends to every key): the
 // fp64 oracle on all rows would cost more than every rung together.
 constexpr int64_t kAllRowsUpTo = 1024;
@@ -64,6 +80,7 @@ struct Options {
   int64_t warmup = -1, reps = -1;  // -1: the device's default
   int64_t verify_rows = 0;         // 0: all rows up to kAllRowsUpTo, else a sample; -1: all
   std::string json;
+  bool backward = true;            // the backward table, for rungs that have a backward pass
   bool list = false, help = false;
 
   AttentionShape shape() const {
@@ -85,8 +102,11 @@ struct Options {
 const char* kUsage = R"(usage: ladder [flags]
 
 Runs the rungs of the ladder on one attention problem, checks each against the fp64 oracle, times
-it and prints one table. Exit status 0 if every rung that ran passed, 1 if one failed, 2 for a
-bad command line or problem.
+it and prints one table; rungs with a backward pass get a second table, with the backward's time
+alone and a forward's and backward's together, and the errors of dQ, dK, dV. Exit status 0 if
+every rung that ran passed, 1 if one failed, 2 for a bad command line or a problem that no
+selected rung takes (nothing ran for any other reason, such as too little memory: 0, and it says
+why).
 
 Problem (Q: [B, H, Nq, d], K and V: [B, Hkv, Nk, d]):
   --batch B            batch size (default 1)
@@ -117,6 +137,10 @@ Measuring:
                        GPU runs flush L2 before each timed run.
   --verify-rows N|all  query rows checked against the oracle (default all when Nq <= 1024,
                        else a sample of 64 rows that includes the first, last and block edges)
+  --no-backward        leave out the backward table. By default rungs with a backward pass
+                       run it: a GPU rung is timed on the problem and its gradients checked on it
+                       up to B*H*Nq*Nk*d = 2^26 (past that on one group of heads with shorter
+                       sequences); a CPU twin is timed and checked on at most 2^24 of it
   --json FILE          also write the results as JSON to FILE
 
   --help               this text
@@ -172,6 +196,7 @@ Options parse_args(int argc, char** argv) {
 
     if (flag == "--help") o.help = switch_flag();
     else if (flag == "--list") o.list = switch_flag();
+    else if (flag == "--no-backward") o.backward = !switch_flag();
     else if (flag == "--causal") o.causal = switch_flag();
     else if (flag == "--rungs") o.rungs = next();
     else if (flag == "--device") {
@@ -211,7 +236,7 @@ Options parse_args(int argc, char** argv) {
     else
       throw UsageError("unknown flag '" + flag + "'; the flags are --rungs --device --batch --heads "
                        "--kv-heads --seq --seq-q --seq-k --head-dim --causal --scale --dtype --seed "
-                       "--inputs --warmup --reps --verify-rows --json --list --help");
+                       "--inputs --warmup --reps --verify-rows --no-backward --json --list --help");
   }
   return o;
 }
@@ -309,25 +334,31 @@ class JsonObject {
 struct Problem {
   AttentionShape shape;
   DType dtype;
-  Inputs inputs;
   std::vector<int64_t> verify_rows;  // empty: every row
-  std::optional<ReferenceForward> oracle;  // computed when the first rung needs it
+  bench::Oracle oracle;              // the inputs, and the oracle computed when a rung first needs it
 
-  const ReferenceForward& reference() {
-    if (!oracle) {
-      std::cerr << "computing the fp64 oracle on "
-                << (verify_rows.empty() ? shape.seq_q : int64_t(verify_rows.size()))
-                << " rows of each head...\n";
-      oracle = reference_forward(shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), verify_rows);
-    }
-    return *oracle;
-  }
+  const Inputs& inputs() const { return oracle.inputs(); }
 };
+
+enum class Status { Pass, Fail, Skipped };
+
+const char* status_name(Status s) {
+  return s == Status::Pass ? "PASS" : s == Status::Fail ? "FAIL" : "skipped";
+}
+
+// A CPU twin's work past kCpuTwinFlopLimit: the reason a twin sits out, or "" when it runs.
+std::string twin_sits_out(const Rung& r, const Problem& p, const Options& opt) {
+  if (r.backend() == Backend::Cuda || opt.device == "cpu" || p.shape.flops_forward() <= kCpuTwinFlopLimit)
+    return "";
+  return "CPU twins sit out problems over " + fmt("%.0f", kCpuTwinFlopLimit / 1e9) + " GFLOP (this one is " +
+         fmt("%.0f", p.shape.flops_forward() / 1e9) + " GFLOP); --device cpu runs them anyway";
+}
 
 struct Row {
   const Rung* rung = nullptr;
   std::string device;  // "cpu" or the GPU's short name
-  enum class Status { Pass, Fail, Skipped } status = Status::Skipped;
+  Status status = Status::Skipped;
+  bool refused = false;  // skipped because the rung does not run this problem (dtype, d, mask, GQA)
   std::string note;    // why it was skipped or what failed
   double ms = kNaN;    // median
   double speedup = kNaN;
@@ -336,9 +367,7 @@ struct Row {
   double counted_io = kNaN;  // CPU twins: the bytes the twin actually moved (equals io by test)
   std::optional<ForwardCheck> check;
 
-  const char* status_name() const {
-    return status == Status::Pass ? "PASS" : status == Status::Fail ? "FAIL" : "skipped";
-  }
+  const char* status_name() const { return fl::status_name(status); }
 };
 
 Row run_rung(const Rung& r, Problem& p, const Options& opt, const std::string& gpu_short) {
@@ -347,29 +376,29 @@ Row run_rung(const Rung& r, Problem& p, const Options& opt, const std::string& g
   const bool on_gpu = r.backend() == Backend::Cuda;
   row.device = on_gpu ? gpu_short : "cpu";
   auto skip = [&](std::string why) {
-    row.status = Row::Status::Skipped;
+    row.status = Status::Skipped;
     row.note = std::move(why);
     return row;
   };
 
   std::string why;
-  if (!r.supports(p.shape, p.dtype, &why)) return skip(why);
+  if (!r.supports(p.shape, p.dtype, &why)) {
+    row.refused = true;
+    return skip(why);
+  }
   row.io = r.modelled_io(p.shape, p.dtype);
   row.extra_bytes = double(r.workspace_bytes(p.shape, p.dtype));
-  if (!on_gpu && opt.device != "cpu" && p.shape.flops_forward() > kCpuTwinFlopLimit)
-    return skip("CPU twins sit out problems over " + fmt("%.0f", kCpuTwinFlopLimit / 1e9) +
-                " GFLOP (this one is " + fmt("%.0f", p.shape.flops_forward() / 1e9) +
-                " GFLOP); --device cpu runs them anyway");
+  if (const std::string out = twin_sits_out(r, p, opt); !out.empty()) return skip(out);
 
   std::cerr << "running " << r.label() << "...\n";
   try {
-    ForwardRun run(r, p.shape, p.dtype, p.inputs);  // outputs poisoned: unwritten rows show as NaN
+    ForwardRun run(r, p.shape, p.dtype, p.inputs());  // outputs poisoned: unwritten rows show as NaN
     IoCounter io;
     run.run(on_gpu ? nullptr : &io);
     const ForwardOutputs out = run.fetch();
     if (!on_gpu) row.counted_io = double(io.total());
-    row.check = check_forward(p.shape, p.dtype, out, p.reference());
-    row.status = row.check->pass ? Row::Status::Pass : Row::Status::Fail;
+    row.check = check_forward(p.shape, p.dtype, out, p.oracle.forward());
+    row.status = row.check->pass ? Status::Pass : Status::Fail;
     if (!row.check->pass) row.note = row.check->str();
     // A failing rung is still timed: rung 00 overflowing on large logits is no faster or slower
     // for it, and the table should show that.
@@ -380,8 +409,90 @@ Row run_rung(const Rung& r, Problem& p, const Options& opt, const std::string& g
     return skip("out of host memory: the twin's arrays need about " +
                 describe_bytes(double(ForwardRun::device_bytes(r, p.shape, p.dtype))));
   } catch (const std::exception& e) {
-    row.status = Row::Status::Fail;
+    row.status = Status::Fail;
     row.note = std::string("error: ") + e.what();
+  }
+  return row;
+}
+
+// ---- Running one rung's backward -----------------------------------------------------------------
+struct BackwardRow {
+  const Rung* rung = nullptr;
+  std::string device;
+  Status status = Status::Skipped;
+  bool refused = false;
+  std::string note;
+  AttentionShape shape;                     // the problem timed: the ladder's, or smaller for a twin
+  AttentionShape check_shape;               // the problem the gradients are checked on
+  double bwd_ms = kNaN, fwd_bwd_ms = kNaN;  // medians: the backward alone; a forward then a backward
+  double extra_bytes = kNaN;                // the backward's workspace
+  double fwd_bwd_extra_bytes = kNaN;        // the forward's and the backward's workspaces
+  double counted_io = kNaN;                 // CPU twins: bytes the backward moved
+  std::optional<BackwardCheck> check;       // on check_shape
+};
+
+// A GPU rung's backward is timed on the problem and checked on what the oracle affords; a twin's
+// backward runs on a problem small enough to do both on (kTwinBackwardLimit).
+AttentionShape backward_timed_shape(const Rung& r, const AttentionShape& s) {
+  return r.backend() == Backend::Cpu ? bench::backward_check_shape(s, kTwinBackwardLimit) : s;
+}
+AttentionShape backward_checked_shape(const Rung& r, const AttentionShape& s) {
+  return bench::backward_check_shape(backward_timed_shape(r, s), bench::kBackwardOracleLimit);
+}
+
+BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, const std::string& gpu_short) {
+  BackwardRow row;
+  row.rung = &r;
+  const bool on_gpu = r.backend() == Backend::Cuda;
+  row.device = on_gpu ? gpu_short : "cpu";
+  row.shape = backward_timed_shape(r, p.shape);
+  row.check_shape = backward_checked_shape(r, p.shape);
+  auto skip = [&](std::string why) {
+    row.status = Status::Skipped;
+    row.note = std::move(why);
+    return row;
+  };
+  try {
+    r.check_supported(p.shape, p.dtype, /*for_backward=*/true);
+  } catch (const InputError& e) {
+    row.refused = true;
+    return skip(e.what());
+  }
+  row.extra_bytes = double(r.backward_workspace_bytes(row.shape, p.dtype));
+  row.fwd_bwd_extra_bytes = double(r.workspace_bytes(row.shape, p.dtype)) + row.extra_bytes;
+  if (const std::string out = twin_sits_out(r, p, opt); !out.empty()) return skip(out);
+
+  std::cerr << "running the backward of " << r.label() << "...\n";
+  try {
+    // Gradients first, each poisoned (NaN) before the call, on the problem the oracle can afford;
+    // a twin counts its traffic there (the problem it is timed on too).
+    IoCounter io;
+    row.check = p.oracle.check_backward_of(r, row.check_shape, on_gpu ? nullptr : &io);
+    if (!on_gpu) row.counted_io = double(io.total());
+    row.status = row.check->pass ? Status::Pass : Status::Fail;
+    if (!row.check->pass) row.note = row.check->str();
+    // Then the times; a failing rung is timed too, as in the forward table.
+    bench::BackwardRun run(r, row.shape, p.dtype, p.oracle.backward_qkv(row.shape), p.oracle.dout_seed());
+    const int warmup = opt.warmup_for(r.backend()), reps = opt.reps_for(r.backend());
+    row.bwd_ms = run.time_backward_ms(warmup, reps);
+    row.fwd_bwd_ms = run.time_forward_backward_ms(warmup, reps);
+  } catch (const gpu::OutOfMemory& e) {
+    if (row.status == Status::Fail) row.note += "; not timed: " + std::string(e.what());
+    else {
+      row.check.reset();
+      return skip(e.what());
+    }
+  } catch (const std::bad_alloc&) {
+    const std::string why = "out of host memory: the twin's arrays need about " +
+                            describe_bytes(double(bench::BackwardRun::device_bytes(r, row.shape, p.dtype)));
+    if (row.status == Status::Fail) row.note += "; not timed: " + why;
+    else {
+      row.check.reset();
+      return skip(why);
+    }
+  } catch (const std::exception& e) {
+    row.status = Status::Fail;
+    row.note = (row.note.empty() ? "" : row.note + "; ") + "error: " + e.what();
   }
   return row;
 }
@@ -395,17 +506,35 @@ std::string rel_error(const Row& r) {
   return fmt("%.1e", r.check->o.rel_l2);
 }
 
+// Notes (why skipped, what failed) go under a table, numbered, so rows stay one line wide.
+class Notes {
+ public:
+  std::string ref(const std::string& n) {
+    auto it = std::find(notes_.begin(), notes_.end(), n);
+    if (it == notes_.end()) it = notes_.insert(notes_.end(), n);
+    return " [" + std::to_string(it - notes_.begin() + 1) + "]";
+  }
+  void print(std::ostream& os) const {
+    for (std::size_t i = 0; i < notes_.size(); ++i) os << "[" << i + 1 << "] " << notes_[i] << '\n';
+  }
+
+ private:
+  std::vector<std::string> notes_;
+};
+
+std::string tflops(double flops, double ms) { return std::isfinite(ms) ? sig3(flops / (ms * 1e-3) / 1e12) : "-"; }
+
+// A relative L2 error, or how many elements are bad (see rel_error).
+std::string error_cell(const ErrorStats& e) {
+  return e.bad > 0 ? std::to_string(e.bad) + " bad" : fmt("%.1e", e.rel_l2);
+}
+
 void print_table(const std::vector<Row>& rows, const Problem& p, std::ostream& os) {
   Table t({"rung", "device", "dtype", "time (ms)", "TFLOP/s", "speed-up", "modelled IO",
            "extra memory", "rel err O", "check"},
           {false, false, false, true, true, true, true, true, true, false});
-  // Notes (why skipped, what failed) go under the table, numbered, so rows stay one line wide.
-  std::vector<std::string> notes;
-  auto note_ref = [&](const std::string& n) {
-    auto it = std::find(notes.begin(), notes.end(), n);
-    if (it == notes.end()) it = notes.insert(notes.end(), n);
-    return " [" + std::to_string(it - notes.begin() + 1) + "]";
-  };
+  Notes notes;
+  auto note_ref = [&](const std::string& n) { return notes.ref(n); };
   const double flops = p.shape.flops_forward();
   for (const Row& r : rows) {
     const bool ran = std::isfinite(r.ms);
@@ -419,28 +548,87 @@ void print_table(const std::vector<Row>& rows, const Problem& p, std::ostream& o
            rel_error(r), check});
   }
   t.print(os);
-  for (std::size_t i = 0; i < notes.size(); ++i) os << "[" << i + 1 << "] " << notes[i] << '\n';
+  notes.print(os);
 }
 
-void write_json(const std::string& path, const std::vector<Row>& rows, const Problem& p,
-                const Options& opt, bool gpu_ok, const std::string& gpu_info) {
+void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p, std::ostream& os) {
+  const AttentionShape& s = p.shape;
+  os << "\nBackward pass of the rungs that have one: dQ, dK, dV from Q, K, V, O, lse and a random dO. "
+     << "'bwd' is the backward alone (on the O and lse of the rung's own forward), 'fwd+bwd' a forward "
+     << "followed by a backward; TFLOP/s count 2.5x and 3.5x the forward's FLOPs. Extra memory is "
+     << "the backward's workspace. The rel errs are of dQ, dK, dV against the fp64 oracle's backward.\n";
+  // Say where a row's problem is not the one above, and why.
+  std::vector<std::string> said;
+  for (const BackwardRow& r : rows) {
+    if (r.refused) continue;
+    const bool twin = r.rung->backend() == Backend::Cpu;
+    std::string line;
+    if (!bench::same_problem(r.shape, s))
+      line = "CPU twins: the backward is timed and checked on " + r.shape.str() + ", a smaller problem (" +
+             fmt("%.3g", r.shape.flops_backward() / 1e9) + " GFLOP of backward): past B*H*Nq*Nk*d = 2^24 a " +
+             "twin's backward takes one group of heads and shorter sequences, which keeps the default ladder quick.";
+    else if (!bench::same_problem(r.check_shape, r.shape))
+      line = std::string(twin ? "CPU twins" : "GPU rungs") + ": timed on the problem above; gradients checked on " +
+             r.check_shape.str() + " (the fp64 oracle holds N x N matrices of every head; past B*H*Nq*Nk*d " +
+             "= 2^26 it checks one group of heads on shorter sequences).";
+    if (!line.empty() && std::find(said.begin(), said.end(), line) == said.end()) {
+      said.push_back(line);
+      os << line << '\n';
+    }
+  }
+  os << '\n';
+  Table t({"rung", "device", "dtype", "bwd (ms)", "bwd TFLOP/s", "fwd+bwd (ms)", "fwd+bwd TFLOP/s",
+           "extra memory", "rel err dQ", "rel err dK", "rel err dV", "check"},
+          {false, false, false, true, true, true, true, true, true, true, true, false});
+  Notes notes;
+  for (const BackwardRow& r : rows) {
+    std::string check = status_name(r.status);
+    if (!r.note.empty()) check += notes.ref(r.note);
+    const bool checked = r.check.has_value();
+    t.add({r.rung->name(), r.device, dtype_name(p.dtype), std::isfinite(r.bwd_ms) ? sig3(r.bwd_ms) : "-",
+           tflops(r.shape.flops_backward(), r.bwd_ms), std::isfinite(r.fwd_bwd_ms) ? sig3(r.fwd_bwd_ms) : "-",
+           tflops(3.5 * r.shape.flops_forward(), r.fwd_bwd_ms),
+           std::isfinite(r.extra_bytes) ? describe_bytes(r.extra_bytes) : "-",
+           checked ? error_cell(r.check->dq) : "-", checked ? error_cell(r.check->dk) : "-",
+           checked ? error_cell(r.check->dv) : "-", check});
+  }
+  t.print(os);
+  notes.print(os);
+}
+
+JsonObject error_json(const ErrorStats& e) {
+  JsonObject o;
+  o.num("rel_l2", e.rel_l2).num("max_abs", e.max_abs).num("bad", double(e.bad));
+  return o;
+}
+
+std::string json_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ",\n    " : "\n    ") + items[i];
+  return out + (items.empty() ? "]" : "\n  ]");
+}
+
+void write_json(const std::string& path, const std::vector<Row>& rows,
+                const std::vector<BackwardRow>& backward_rows, const Problem& p, const Options& opt,
+                bool gpu_ok, const std::string& gpu_info) {
   const AttentionShape& s = p.shape;
   JsonObject problem;
   problem.num("batch", s.batch).num("heads", s.heads).num("kv_heads", s.kv_heads)
       .num("seq_q", s.seq_q).num("seq_k", s.seq_k).num("head_dim", s.head_dim)
       .boolean("causal", s.causal).num("scale", s.softmax_scale()).str("dtype", dtype_name(p.dtype))
-      .raw("seed", std::to_string(p.inputs.seed)).str("inputs", input_kind_name(p.inputs.kind))
+      .raw("seed", std::to_string(p.inputs().seed)).str("inputs", input_kind_name(p.inputs().kind))
       .num("flops_forward", s.flops_forward())
+      .num("flops_backward", s.flops_backward()).num("flops_forward_backward", 3.5 * s.flops_forward())
       .num("verified_rows", double(p.verify_rows.empty() ? s.seq_q : int64_t(p.verify_rows.size())))
-      .str("shape", s.str());
+      .str("shape", s.str()).boolean("backward", opt.backward);
+  if (opt.backward) problem.raw("dout_seed", std::to_string(p.oracle.dout_seed()));
   JsonObject device;
   device.boolean("gpu_available", gpu_ok).str(gpu_ok ? "gpu_name" : "gpu_skipped_reason", gpu_info)
       .boolean("built_with_cuda", gpu::built_with_cuda()).str("date", bench::today_utc())
       .num("warmup_cpu", opt.warmup_for(Backend::Cpu)).num("reps_cpu", opt.reps_for(Backend::Cpu))
       .num("warmup_gpu", opt.warmup_for(Backend::Cuda)).num("reps_gpu", opt.reps_for(Backend::Cuda));
-  std::string row_list = "[";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
+  std::vector<std::string> row_list;
+  for (const Row& r : rows) {
     JsonObject o;
     o.str("rung", r.rung->name()).str("backend", backend_name(r.rung->backend()))
         .str("device", r.device).str("dtype", dtype_name(p.dtype)).str("status", r.status_name())
@@ -456,11 +644,30 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Pro
           .num("lse_rel_l2", c.lse.rel_l2).num("lse_max_abs", c.lse.max_abs)
           .num("lse_bad", double(c.lse.bad)).num("tolerance", tolerance(p.dtype));
     }
-    row_list += (i ? ",\n    " : "\n    ") + o.dump("    ");
+    row_list.push_back(o.dump("    "));
   }
-  row_list += rows.empty() ? "]" : "\n  ]";
+  // The backward rows: times of `shape` (the problem, or a smaller one for a CPU twin), gradients
+  // checked on `check_shape`.
+  std::vector<std::string> bwd_list;
+  for (const BackwardRow& r : backward_rows) {
+    const double f = r.shape.flops_forward();
+    JsonObject o;
+    o.str("rung", r.rung->name()).str("backend", backend_name(r.rung->backend()))
+        .str("device", r.device).str("dtype", dtype_name(p.dtype)).str("status", status_name(r.status))
+        .str("note", r.note).str("shape", r.shape.str()).str("check_shape", r.check_shape.str())
+        .num("flops_backward", 2.5 * f).num("flops_forward_backward", 3.5 * f).num("bwd_time_ms", r.bwd_ms)
+        .num("bwd_tflops", 2.5 * f / (r.bwd_ms * 1e-3) / 1e12).num("fwd_bwd_time_ms", r.fwd_bwd_ms)
+        .num("fwd_bwd_tflops", 3.5 * f / (r.fwd_bwd_ms * 1e-3) / 1e12)
+        .num("counted_bytes", r.counted_io).num("extra_bytes", r.extra_bytes)
+        .num("fwd_bwd_extra_bytes", r.fwd_bwd_extra_bytes);
+    if (r.check)
+      o.raw("dq", error_json(r.check->dq).dump("    ")).raw("dk", error_json(r.check->dk).dump("    "))
+          .raw("dv", error_json(r.check->dv).dump("    ")).num("tolerance", tolerance(p.dtype));
+    bwd_list.push_back(o.dump("    "));
+  }
   JsonObject top;
-  top.raw("problem", problem.dump("  ")).raw("device", device.dump("  ")).raw("rows", row_list);
+  top.raw("problem", problem.dump("  ")).raw("device", device.dump("  ")).raw("rows", json_list(row_list))
+      .raw("backward_rows", json_list(bwd_list));
   std::ofstream f(path);
   if (!f) throw InputError("--json: cannot write '" + path + "'");
   f << top.dump() << '\n';
@@ -511,10 +718,8 @@ int ladder_main(int argc, char** argv) {
     if (!existed) std::filesystem::remove(opt.json, ec);
   }
 
-  std::string gpu_why;
-  const bool gpu_ok = opt.device != "cpu" && gpu::available(&gpu_why);
-  if (opt.device == "cuda" && !gpu_ok)
-    throw InputError("--device cuda: no GPU rung can run here: " + gpu_why);
+  const bench::GpuChoice gpu_choice = bench::choose_gpu(opt.device, "--device cuda");
+  const bool gpu_ok = gpu_choice.use;
   const std::string gpu_name = gpu_ok ? gpu::device_name() : "";
 
   std::vector<const Rung*> rungs =
@@ -530,7 +735,10 @@ int ladder_main(int argc, char** argv) {
   if (opt.verify_rows > 0) p.verify_rows = sample_rows(nq, opt.verify_rows);
   else if (opt.verify_rows == 0 && nq > kAllRowsUpTo) p.verify_rows = sample_rows(nq, kSampledRows);
   if (int64_t(p.verify_rows.size()) == nq) p.verify_rows.clear();
-  p.inputs = make_inputs(p.shape, p.dtype, opt.seed, opt.inputs);
+  // dO for the backward is drawn from seed + 1, as the tests draw it.
+  p.oracle = bench::Oracle(p.shape, p.dtype, make_inputs(p.shape, p.dtype, opt.seed, opt.inputs), p.verify_rows,
+                           opt.seed + 1);
+  p.oracle.on_compute = [](const std::string& what) { std::cerr << what << "...\n"; };
 
   std::cout << "Flash Ladder: " << p.shape.str() << ", " << dtype_name(p.dtype) << ", inputs "
             << input_kind_name(opt.inputs) << ", seed " << opt.seed << '\n'
@@ -539,7 +747,7 @@ int ladder_main(int argc, char** argv) {
             << (p.verify_rows.empty() ? "all " + std::to_string(nq)
                                       : std::to_string(p.verify_rows.size()) + " of " + std::to_string(nq))
             << " query rows of every head\n";
-  if (opt.device == "all" && !gpu_ok) std::cout << "GPU rungs skipped: " << gpu_why << '\n';
+  if (opt.device == "all" && !gpu_ok) std::cout << "GPU rungs skipped: " << gpu_choice.why << '\n';
   if (gpu_ok) std::cout << "GPU: " << gpu_name << '\n';
   std::cout << "time: the median of";
   if (opt.device != "cuda")
@@ -562,18 +770,51 @@ int ladder_main(int argc, char** argv) {
     previous_ms[b] = r.ms;
   }
 
+  std::vector<BackwardRow> backward_rows;
+  if (opt.backward)
+    for (const Rung* r : rungs)
+      if (r->caps().backward) backward_rows.push_back(run_backward_rung(*r, p, opt, gpu_short));
+
   print_table(rows, p, std::cout);
-  int pass = 0, fail = 0, skipped = 0;
-  for (const Row& r : rows)
-    (r.status == Row::Status::Pass ? pass : r.status == Row::Status::Fail ? fail : skipped)++;
-  std::cout << "\n" << pass << " passed, " << fail << " failed, " << skipped << " skipped"
-            << " (relative L2 tolerance for " << dtype_name(p.dtype) << ": "
-            << fmt("%.0e", tolerance(p.dtype)) << ")\n";
+  if (!backward_rows.empty()) print_backward_table(backward_rows, p, std::cout);
+
+  // Tallies, and whether every row that did not run was refused (the rung does not take the problem).
+  struct Tally {
+    int pass = 0, fail = 0, skipped = 0;
+    bool all_refused = true;
+    void add(Status s, bool refused) {
+      (s == Status::Pass ? pass : s == Status::Fail ? fail : skipped)++;
+      all_refused = all_refused && (s == Status::Skipped && refused);
+    }
+    std::string str() const {
+      return std::to_string(pass) + " passed, " + std::to_string(fail) + " failed, " + std::to_string(skipped) +
+             " skipped";
+    }
+  } fwd, bwd;
+  for (const Row& r : rows) fwd.add(r.status, r.refused);
+  for (const BackwardRow& r : backward_rows) bwd.add(r.status, r.refused);
+  std::cout << "\n" << (backward_rows.empty() ? "" : "forward: ") << fwd.str();
+  if (!backward_rows.empty()) std::cout << "; backward: " << bwd.str();
+  std::cout << " (relative L2 tolerance for " << dtype_name(p.dtype) << ": " << fmt("%.0e", tolerance(p.dtype))
+            << ")\n";
   if (!opt.json.empty()) {
-    write_json(opt.json, rows, p, opt, gpu_ok, gpu_ok ? gpu_name : gpu_why);
+    write_json(opt.json, rows, backward_rows, p, opt, gpu_ok, gpu_ok ? gpu_name : gpu_choice.why);
     std::cout << "wrote " << opt.json << '\n';
   }
-  return fail ? 1 : 0;
+  // Nothing ran: say so rather than end on a table of dashes. When every selected rung refused the
+  // problem it is a problem no rung takes (exit status 2); otherwise (the twins sitting out a large
+  // problem, too little memory) nothing was wrong, and the notes say why.
+  if (fwd.pass + fwd.fail + bwd.pass + bwd.fail == 0) {
+    if (fwd.all_refused && bwd.all_refused) {
+      std::cerr << "ladder: no selected rung runs this problem (" << p.shape.str() << ", "
+                << dtype_name(p.dtype) << "): each refused it, for the reasons under the table\n";
+      return 2;
+    }
+    std::cout << "Nothing ran: every rung was skipped, for the reasons under the table"
+              << (backward_rows.empty() ? "" : "s") << ".\n";
+    return 0;
+  }
+  return fwd.fail + bwd.fail ? 1 : 0;
 }
 
 }  // namespace
