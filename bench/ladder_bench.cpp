@@ -1,5 +1,6 @@
 // ladder_bench: the forward pass of every rung over a sweep of shapes, timed with Google Benchmark,
-// written as JSON that bench/plot.py turns into the figures in docs/.
+// written as JSON that bench/plot.py turns into the figures in docs/; for the rungs with a backward
+// pass (Capabilities::backward) also the backward alone and a forward followed by a backward.
 //
 //   build/bench/ladder_bench --benchmark_out=results.json --benchmark_out_format=json
 //   python3 bench/plot.py results.json                      # -> docs/figures/*.png
@@ -10,6 +11,12 @@
 // timed region, after untimed warm-up calls; each benchmark is repeated and the median kept.
 // Exit status 1 when a benchmark failed its check or threw (running out of memory is not a failure).
 //
+// Backward benchmarks: "bwd" times the backward alone on the O and lse of one forward of the rung
+// (the rung's own, as in training), "fwd+bwd" a forward followed by a backward, each with a random
+// dO. Their gradients are checked against the fp64 oracle's backward first, on the problem itself
+// up to B·H·Nq·Nk·d = 2^26 and past that on one group of heads with shorter sequences
+// (bench::backward_check_shape: the oracle holds N×N matrices), with the same seed.
+//
 // Flags of its own, given with Google Benchmark's (--benchmark_*):
 //   --fl_device=cpu|cuda|all   which backends (default all: CPU twins, and GPU rungs if usable)
 //   --fl_rungs=LIST            all, or rung names / numbers: 00,05 or 06_tensor_core_mma
@@ -17,19 +24,24 @@
 //   --fl_quick                 only N <= 1024, for a CI smoke run
 //   --fl_reps=R                repetitions of each benchmark, median reported (default 3;
 //                              --benchmark_repetitions overrides it)
+//   --fl_no_backward           only the forward benchmarks
 //
-// Benchmark names are "fwd/<rung>/<cpu|cuda>/<dtype>/B<b>_H<h>_N<n>_d<d>_c<0|1>" (Google Benchmark
-// appends /min_time:.../repeats:.../manual_time), for people. bench/plot.py reads measurements from
-// counters (TFLOP/s, GB/s, modelled_bytes, extra_bytes, rel_err, N, d, causal, B, H) and what was
-// run from the label "rung=<name> device=<cpu|cuda> dtype=<dtype> B=.. H=.. N=.. d=.. causal=..",
-// which a benchmark that reports an error (out of memory, failed check) keeps; never from the name.
+// Benchmark names are "<fwd|bwd|fwdbwd>/<rung>/<cpu|cuda>/<dtype>/B<b>_H<h>_N<n>_d<d>_c<0|1>"
+// (Google Benchmark appends /min_time:.../repeats:.../manual_time), for people. bench/plot.py reads
+// measurements from counters (TFLOP/s, GB/s, modelled_bytes, extra_bytes, rel_err, N, d, causal, B,
+// H) and what was run from the label "rung=<name> device=<cpu|cuda> dtype=<dtype> phase=<fwd|bwd|
+// fwd+bwd> B=.. H=.. N=.. d=.. causal=..", which a benchmark that reports an error (out of memory,
+// failed check) keeps; never from the name. TFLOP/s counts the FLOPs of shared/anchors.md: the
+// forward's, 2.5× them for bwd, 3.5× for fwd+bwd. extra_bytes is the rung's workspace: the
+// forward's (fwd), the backward's (bwd), both (fwd+bwd). rel_err is O's (fwd) or the largest of
+// dQ's, dK's and dV's (bwd, fwd+bwd; each also in rel_err_dq, rel_err_dk, rel_err_dv).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +61,7 @@ struct Config {
   int64_t max_seq = 16384;
   bool quick = false;
   int64_t reps = 3;
+  bool backward = true;        // bwd and fwd+bwd benchmarks for rungs with a backward pass
   bool user_min_time = false;  // --benchmark_min_time given: do not override it per benchmark
   bool user_reps = false;      // --benchmark_repetitions given: likewise
 };
@@ -70,6 +83,8 @@ const char* kUsage = R"(ladder_bench flags (Google Benchmark's own --benchmark_*
   --fl_max_seq=N             leave out shapes with N above this (default 16384)
   --fl_quick                 only N <= 1024 (a CI smoke run)
   --fl_reps=R                repetitions per benchmark, median reported (default 3)
+  --fl_no_backward           leave out the backward (bwd) and forward+backward (fwdbwd) benchmarks
+                             of the rungs that have a backward pass
 example: ladder_bench --fl_rungs=04,05 --benchmark_out=r.json --benchmark_out_format=json
 
 )";
@@ -103,9 +118,12 @@ Config parse_flags(int* argc, char** argv) {
       c.quick = true;
     } else if (flag == "--fl_reps") {
       c.reps = integer(1);
+    } else if (flag == "--fl_no_backward") {
+      if (eq != std::string::npos) throw InputError("--fl_no_backward takes no value");
+      c.backward = false;
     } else if (flag.rfind("--fl_", 0) == 0) {
       throw InputError("unknown flag '" + flag +
-                       "'; ours are --fl_device --fl_rungs --fl_max_seq --fl_quick --fl_reps");
+                       "'; ours are --fl_device --fl_rungs --fl_max_seq --fl_quick --fl_reps --fl_no_backward");
     } else {
       if (flag == "--benchmark_min_time") c.user_min_time = true;
       if (flag == "--benchmark_repetitions") c.user_reps = true;
@@ -155,8 +173,13 @@ DType bench_dtype(const Rung& r) {
   return dt.front();
 }
 
-std::string bench_name(const Rung& r, const AttentionShape& s, DType t) {
-  return "fwd/" + r.name() + "/" + backend_name(r.backend()) + "/" + dtype_name(t) + "/B" +
+// What a benchmark times: the forward, the backward alone, or a forward followed by a backward.
+enum class Phase { Fwd, Bwd, FwdBwd };
+const char* phase_label(Phase p) { return p == Phase::Fwd ? "fwd" : p == Phase::Bwd ? "bwd" : "fwd+bwd"; }
+const char* phase_prefix(Phase p) { return p == Phase::Fwd ? "fwd" : p == Phase::Bwd ? "bwd" : "fwdbwd"; }
+
+std::string bench_name(const Rung& r, const AttentionShape& s, DType t, Phase phase) {
+  return std::string(phase_prefix(phase)) + "/" + r.name() + "/" + backend_name(r.backend()) + "/" + dtype_name(t) + "/B" +
          std::to_string(s.batch) + "_H" + std::to_string(s.heads) + "_N" + std::to_string(s.seq_q) +
          "_d" + std::to_string(s.head_dim) + "_c" + (s.causal ? "1" : "0");
 }
@@ -168,46 +191,45 @@ std::string bench_name(const Rung& r, const AttentionShape& s, DType t) {
 // are freed before the next rung allocates.
 
 // Inputs and oracle rows for one shape and dtype, shared by every rung benchmarked on it (the
-// sweep registers shape by shape, so one is enough).
-struct ShapeData {
-  std::string key;
-  AttentionShape shape;
-  Inputs inputs;
-  std::unique_ptr<ReferenceForward> ref;
-
-  // Made when a rung first runs on this shape: if every rung is out of memory, it never is.
-  const ReferenceForward& reference() {
-    if (!ref)
-      ref = std::make_unique<ReferenceForward>(reference_forward(
-          shape, inputs.q.data(), inputs.k.data(), inputs.v.data(), sample_rows(shape.seq_q, kVerifyRows)));
-    return *ref;
-  }
-};
-
-ShapeData& shape_data(const AttentionShape& s, DType t) {
-  static ShapeData d;
-  const std::string key = s.str() + " " + dtype_name(t);
-  if (d.key != key) {
-    d = ShapeData{};
-    d.key = key;
-    d.shape = s;
-    d.inputs = make_inputs(s, t, kSeed);
+// sweep registers shape by shape, so one is enough). The oracle is made when a rung first runs on
+// this shape: if every rung is out of memory, it never is.
+bench::Oracle& shape_data(const AttentionShape& s, DType t) {
+  static std::string key;
+  static bench::Oracle d;
+  const std::string k = s.str() + " " + dtype_name(t);
+  if (key != k) {
+    key = k;
+    d = bench::Oracle(s, t, make_inputs(s, t, kSeed), sample_rows(s.seq_q, kVerifyRows), kSeed + 1);
   }
   return d;
+}
+
+// The oracle that backward benchmarks are checked against: on backward_check_shape() of theirs,
+// with inputs from the same seed, so the sweep's long sequences (which all check on the same
+// smaller problem) compute it once per dtype. Small: a few fp64 arrays of that problem.
+bench::Oracle& backward_oracle(const AttentionShape& s, DType t) {
+  static std::map<std::string, std::unique_ptr<bench::Oracle>> cache;
+  const AttentionShape c = bench::backward_check_shape(s);
+  auto& o = cache[c.str() + " " + dtype_name(t)];
+  if (!o) o = std::make_unique<bench::Oracle>(c, t, make_inputs(c, t, kSeed), std::vector<int64_t>{}, kSeed + 1);
+  return *o;
 }
 
 struct Case {
   const Rung* rung;
   AttentionShape shape;
   DType dtype;
+  Phase phase;
   std::string name;
 };
 
 struct Fixture {
-  std::string name;                 // the benchmark it belongs to
-  std::unique_ptr<ForwardRun> run;  // inputs, outputs and workspace where the rung runs
-  std::string error;                // non-empty: every call reports it and times nothing
-  double rel_err = 0;               // O's relative L2 error against the oracle
+  std::string name;                           // the benchmark it belongs to
+  std::unique_ptr<ForwardRun> run;            // fwd: inputs, outputs and workspace where the rung runs
+  std::unique_ptr<bench::BackwardRun> brun;   // bwd, fwd+bwd: the same for a forward and a backward
+  std::string error;                          // non-empty: every call reports it and times nothing
+  double rel_err = 0;                         // O's relative L2 error, or the largest of dQ's, dK's, dV's
+  double rel_err_dq = 0, rel_err_dk = 0, rel_err_dv = 0;
 };
 
 Fixture& current_fixture() {
@@ -223,46 +245,71 @@ std::vector<std::string>& failed_benchmarks() {
   return names;
 }
 
-double host_ms(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+using bench::host_ms;
+
+// One call of what the benchmark times (no synchronization).
+void call(Fixture& f, Phase phase) {
+  if (phase == Phase::Fwd) {
+    f.run->run();
+  } else {
+    if (phase == Phase::FwdBwd) f.brun->forward();
+    f.brun->backward();
+  }
 }
 
 Fixture& fixture_for(const Case& c) {
   Fixture& f = current_fixture();
   if (f.name == c.name) return f;
-  f.run.reset();  // free the previous benchmark's device memory before allocating this one's
+  // Free the previous benchmark's device memory before allocating this one's.
+  f.run.reset();
+  f.brun.reset();
   f = Fixture{};
   f.name = c.name;
   const bool on_gpu = c.rung->backend() == Backend::Cuda;
+  auto fail = [&](const std::string& what) {
+    f.error = what;
+    f.run.reset();
+    f.brun.reset();
+    failed_benchmarks().push_back(c.name);
+  };
   try {
-    ShapeData& data = shape_data(c.shape, c.dtype);
-    f.run = std::make_unique<ForwardRun>(*c.rung, c.shape, c.dtype, data.inputs);
-    f.run->run();  // on poisoned outputs: an element the rung never writes fails the check
-    const ForwardCheck check = check_forward(c.shape, c.dtype, f.run->fetch(), data.reference());
-    f.rel_err = check.o.rel_l2;
-    if (!check.pass) {
-      f.error = "FAIL against the fp64 oracle: " + check.str();
-      f.run.reset();
-      failed_benchmarks().push_back(c.name);
-      return f;
+    bench::Oracle& data = shape_data(c.shape, c.dtype);
+    if (c.phase == Phase::Fwd) {
+      f.run = std::make_unique<ForwardRun>(*c.rung, c.shape, c.dtype, data.inputs());
+      f.run->run();  // on poisoned outputs: an element the rung never writes fails the check
+      const ForwardCheck check = check_forward(c.shape, c.dtype, f.run->fetch(), data.forward());
+      f.rel_err = check.o.rel_l2;
+      if (!check.pass) {
+        fail("FAIL against the fp64 oracle: " + check.str());
+        return f;
+      }
+    } else {
+      // Gradients (poisoned first) against the oracle, on the problem it can afford.
+      bench::Oracle& ref = backward_oracle(c.shape, c.dtype);
+      const BackwardCheck check = ref.check_backward_of(*c.rung, ref.shape());
+      f.rel_err_dq = check.dq.rel_l2, f.rel_err_dk = check.dk.rel_l2, f.rel_err_dv = check.dv.rel_l2;
+      f.rel_err = std::max({f.rel_err_dq, f.rel_err_dk, f.rel_err_dv});
+      if (!check.pass) {
+        fail("FAIL against the fp64 oracle's backward on " + ref.shape().str() + ": " + check.str());
+        return f;
+      }
+      f.brun = std::make_unique<bench::BackwardRun>(*c.rung, c.shape, c.dtype, data.inputs(), data.dout_seed());
+      f.brun->forward();  // O and lse for the backward
     }
     // Warm-up: clocks up, caches and the instruction cache filled, lazy module loading done.
     const double first_ms = host_ms([&] {
-      f.run->run();
+      call(f, c.phase);
       if (on_gpu) gpu::synchronize();
     });
     if (first_ms < kSlowCallMs)
-      for (int i = 0; i < kWarmupCalls; ++i) f.run->run();
+      for (int i = 0; i < kWarmupCalls; ++i) call(f, c.phase);
     if (on_gpu) gpu::synchronize();
   } catch (const gpu::OutOfMemory& e) {
     f.error = e.what();  // expected for the rungs that store S and P at large N
     f.run.reset();
+    f.brun.reset();
   } catch (const std::exception& e) {
-    f.error = std::string("error: ") + e.what();
-    f.run.reset();
-    failed_benchmarks().push_back(c.name);
+    fail(std::string("error: ") + e.what());
   }
   return f;
 }
@@ -272,10 +319,11 @@ void release_fixture() {
 }
 
 // Every (rung, shape) to time: the CPU twins on cpu_shapes(), the GPU rungs on gpu_shapes(), each
-// in bench_dtype(). Ordered shape by shape, and within a shape dtype by dtype, so the inputs and
-// oracle of each (shape, dtype) are made once. A shape a rung does not run (a head dim, causal) is
-// left out with a line on stderr; one it cannot fit in memory is kept, to report that.
-std::vector<Case> sweep(const std::vector<const Rung*>& rungs, int64_t max_seq) {
+// in bench_dtype(), and for a rung with a backward pass its bwd and fwd+bwd after its fwd. Ordered
+// shape by shape, and within a shape dtype by dtype, so the inputs and oracle of each (shape, dtype)
+// are made once. A shape a rung does not run (a head dim, causal) is left out with a line on
+// stderr; one it cannot fit in memory is kept, to report that.
+std::vector<Case> sweep(const std::vector<const Rung*>& rungs, int64_t max_seq, bool backward) {
   std::vector<Case> cases;
   for (Backend backend : {Backend::Cpu, Backend::Cuda})
     for (const AttentionShape& s : backend == Backend::Cpu ? cpu_shapes() : gpu_shapes()) {
@@ -284,8 +332,19 @@ std::vector<Case> sweep(const std::vector<const Rung*>& rungs, int64_t max_seq) 
         for (const Rung* r : rungs) {
           if (r->backend() != backend || bench_dtype(*r) != t) continue;
           std::string why;
-          if (r->supports(s, t, &why)) cases.push_back({r, s, t, bench_name(*r, s, t)});
-          else std::cerr << "ladder_bench: left out: " << why << '\n';
+          if (!r->supports(s, t, &why)) {
+            std::cerr << "ladder_bench: left out: " << why << '\n';
+            continue;
+          }
+          cases.push_back({r, s, t, Phase::Fwd, bench_name(*r, s, t, Phase::Fwd)});
+          if (!backward || !r->caps().backward) continue;
+          try {
+            r->check_supported(s, t, /*for_backward=*/true);
+          } catch (const InputError& e) {
+            std::cerr << "ladder_bench: backward left out: " << e.what() << '\n';
+            continue;
+          }
+          for (Phase ph : {Phase::Bwd, Phase::FwdBwd}) cases.push_back({r, s, t, ph, bench_name(*r, s, t, ph)});
         }
     }
   return cases;
@@ -297,12 +356,12 @@ std::vector<Case> sweep(const std::vector<const Rung*>& rungs, int64_t max_seq) 
 std::string label(const Case& c) {
   const AttentionShape& s = c.shape;
   return "rung=" + c.rung->name() + " device=" + backend_name(c.rung->backend()) +
-         " dtype=" + dtype_name(c.dtype) + " B=" + std::to_string(s.batch) +
+         " dtype=" + dtype_name(c.dtype) + " phase=" + phase_label(c.phase) + " B=" + std::to_string(s.batch) +
          " H=" + std::to_string(s.heads) + " N=" + std::to_string(s.seq_q) +
          " d=" + std::to_string(s.head_dim) + " causal=" + (s.causal ? "1" : "0");
 }
 
-void forward_benchmark(benchmark::State& state, const Case& c) {
+void attention_benchmark(benchmark::State& state, const Case& c) {
   state.SetLabel(label(c));
   Fixture& f = fixture_for(c);
   if (!f.error.empty()) {
@@ -310,25 +369,35 @@ void forward_benchmark(benchmark::State& state, const Case& c) {
     return;
   }
   const bool on_gpu = c.rung->backend() == Backend::Cuda;
-  ForwardRun& run = *f.run;
   double seconds = 0;
   for (auto _ : state) {
-    // GPU: CUDA events around the launch alone; flush_l2 runs before the start event, so the
-    // kernel reads Q, K, V from DRAM as it would in a model, not from a warm 50 MB L2.
-    const double ms = on_gpu ? gpu::time_ms([&] { run.run(); }, 0, 1, [] { gpu::flush_l2(); })
-                             : host_ms([&] { run.run(); });
+    // GPU: CUDA events around the launches alone; flush_l2 runs before the start event, so the
+    // kernels read their inputs from DRAM as they would in a model, not from a warm 50 MB L2.
+    const double ms = on_gpu ? gpu::time_ms([&] { call(f, c.phase); }, 0, 1, [] { gpu::flush_l2(); })
+                             : host_ms([&] { call(f, c.phase); });
     state.SetIterationTime(ms * 1e-3);
     seconds += ms * 1e-3;
   }
 
   const AttentionShape& s = c.shape;
   const double per_call = seconds / double(state.iterations());
-  const double io = c.rung->modelled_io(s, c.dtype).total();
   using C = benchmark::Counter;
-  state.counters["TFLOP/s"] = s.flops_forward() / per_call / 1e12;
-  state.counters["modelled_bytes"] = C(io, C::kDefaults, C::kIs1024);
-  state.counters["GB/s"] = io / per_call / 1e9;
-  state.counters["extra_bytes"] = C(double(c.rung->workspace_bytes(s, c.dtype)), C::kDefaults, C::kIs1024);
+  const double fwd_ws = double(c.rung->workspace_bytes(s, c.dtype));
+  if (c.phase == Phase::Fwd) {
+    const double io = c.rung->modelled_io(s, c.dtype).total();
+    state.counters["TFLOP/s"] = s.flops_forward() / per_call / 1e12;
+    state.counters["modelled_bytes"] = C(io, C::kDefaults, C::kIs1024);
+    state.counters["GB/s"] = io / per_call / 1e9;
+    state.counters["extra_bytes"] = C(fwd_ws, C::kDefaults, C::kIs1024);
+  } else {
+    const double bwd_ws = double(c.rung->backward_workspace_bytes(s, c.dtype));
+    const double flops = (c.phase == Phase::Bwd ? 2.5 : 3.5) * s.flops_forward();
+    state.counters["TFLOP/s"] = flops / per_call / 1e12;
+    state.counters["extra_bytes"] = C(c.phase == Phase::Bwd ? bwd_ws : fwd_ws + bwd_ws, C::kDefaults, C::kIs1024);
+    state.counters["rel_err_dq"] = f.rel_err_dq;
+    state.counters["rel_err_dk"] = f.rel_err_dk;
+    state.counters["rel_err_dv"] = f.rel_err_dv;
+  }
   state.counters["rel_err"] = f.rel_err;
   state.counters["B"] = double(s.batch);
   state.counters["H"] = double(s.heads);
@@ -342,13 +411,12 @@ int bench_main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
 
-  std::string why;
-  const bool gpu_present = gpu::available(&why);
-  const bool gpu_ok = cfg.device != "cpu" && gpu_present;
-  if (cfg.device == "cuda" && !gpu_ok) throw InputError("--fl_device=cuda: no GPU rung can run here: " + why);
+  // Asked even for --fl_device=cpu: the JSON's context names the machine's GPU either way.
+  const bench::GpuChoice gpu = bench::choose_gpu(cfg.device, "--fl_device=cuda", /*ask_anyway=*/true);
+  const bool gpu_ok = gpu.use;
   if (cfg.device == "all" && !gpu_ok)
-    std::cerr << "ladder_bench: GPU rungs skipped (" << why << "); running the CPU twins only\n";
-  benchmark::AddCustomContext("gpu", gpu_present ? gpu::device_name() : "none (" + why + ")");
+    std::cerr << "ladder_bench: GPU rungs skipped (" << gpu.why << "); running the CPU twins only\n";
+  benchmark::AddCustomContext("gpu", gpu.present ? gpu::device_name() : "none (" + gpu.why + ")");
   // Google Benchmark's own "date" is local time; this one is the day in UTC, for figure titles.
   benchmark::AddCustomContext("date_utc", bench::today_utc());
   benchmark::AddCustomContext("flash_ladder_seed", std::to_string(kSeed));
@@ -357,10 +425,10 @@ int bench_main(int argc, char** argv) {
   if (rungs.empty()) throw InputError("no rung of this build matches --fl_rungs=" + cfg.rungs);
 
   const int64_t max_seq = cfg.quick ? std::min(cfg.max_seq, kQuickMaxSeq) : cfg.max_seq;
-  const std::vector<Case> cases = sweep(rungs, max_seq);
+  const std::vector<Case> cases = sweep(rungs, max_seq, cfg.backward);
   for (const Case& c : cases) {
     auto* b = benchmark::RegisterBenchmark(c.name.c_str(),
-                                           [c](benchmark::State& st) { forward_benchmark(st, c); });
+                                           [c](benchmark::State& st) { attention_benchmark(st, c); });
     b->UseManualTime()->Unit(benchmark::kMillisecond)->DisplayAggregatesOnly(true);
     if (!cfg.user_min_time) b->MinTime(kMinTimeSeconds);
     if (!cfg.user_reps) b->Repetitions(int(cfg.reps));

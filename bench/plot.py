@@ -13,8 +13,9 @@ A shape a rung could not run (out of device memory, or it failed its check again
 is marked with an x on the axis, so where the standard-attention rungs stop is visible.
 
 Only JSON fields are read: each benchmark's counters and its label of key=value pairs
-("rung=05_fa2_loop_order device=cuda dtype=fp32 B=1 H=16 N=4096 d=64 causal=0"), never the
-benchmark names or printed text. With repetitions, the median aggregate is used.
+("rung=05_fa2_loop_order device=cuda dtype=fp32 phase=fwd B=1 H=16 N=4096 d=64 causal=0"), never
+the benchmark names or printed text. With repetitions, the median aggregate is used. These figures
+are of the forward (phase=fwd, or no phase in files from before backward benchmarks existed).
 """
 import argparse
 import json
@@ -85,6 +86,7 @@ def load(paths):
                 machine = "CPU twins, %s (%s cores)" % (ctx.get("host_name", "host"), ctx.get("num_cpus", "?"))
             rec = {
                 "rung": info["rung"],
+                "phase": info.get("phase", "fwd"),
                 "device": device,
                 "dtype": info.get("dtype", "?"),
                 "machine": machine,
@@ -216,9 +218,10 @@ def main(argv=None):
         return 1
     os.makedirs(args.out, exist_ok=True)
 
-    groups = defaultdict(list)  # (device, machine) -> records
+    groups = defaultdict(list)  # (device, machine) -> records of the forward
     for r in records:
-        groups[(r["device"], r["machine"])].append(r)
+        if r["phase"] == "fwd":
+            groups[(r["device"], r["machine"])].append(r)
     machines_per_device = defaultdict(set)
     for device, machine in groups:
         machines_per_device[device].add(machine)

@@ -242,7 +242,8 @@ def bench_records(doc) -> list[dict]:
             entry, error = good[len(good) // 2], None
         else:
             entry, error = None, (runs[0].get("error_message", "error") if runs else "no run recorded")
-        rec = {"rung": info["rung"], "device": info.get("device", "?"), "dtype": info.get("dtype", "?"),
+        rec = {"rung": info["rung"], "phase": info.get("phase", "fwd"),
+               "device": info.get("device", "?"), "dtype": info.get("dtype", "?"),
                "B": int(info.get("B", 0)), "H": int(info.get("H", 0)), "N": int(info.get("N", 0)),
                "d": int(info.get("d", 0)), "causal": info.get("causal", "0") == "1",
                "gpu": ctx.get("gpu", "?"), "host": ctx.get("host_name", ""), "date": date, "error": error}
@@ -325,7 +326,7 @@ def ladder_part(runs: list[dict], rung: str | None) -> str:
 
 
 def bench_part(records: list[dict], rung: str) -> str:
-    recs = [r for r in records if r["rung"] == rung]
+    recs = [r for r in records if r["rung"] == rung and r.get("phase", "fwd") == "fwd"]
     if not recs:
         return ""
     groups: "OrderedDict[tuple, list]" = OrderedDict()
