@@ -24,6 +24,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
+#include <string>
 
 #include "../06_tensor_core_mma/mma_sync.cuh"
 #include "backward_recompute.hpp"
@@ -36,9 +39,21 @@ namespace {
 using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int BR = int(kBr), BC = int(kBc);
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
-static_assert(BC == 16 * kWarps && BR == 16 * kWarps, "each warp owns 16 keys, then 16 query rows");
+constexpr int BR = 64;  // query rows per step
+
+// How a variant cuts the work: W warps own 16 keys each (B_c = 16·W keys per thread block); for dQ
+// the 4 row tiles of a step are shared out, and with 8 warps each takes half of d's columns.
+// kKvRegs keeps the warp's K and V A-fragments in registers for the whole block instead of
+// reading them from shared memory every step.
+template <int D, int W, bool KvRegs, int MinBlocks = 1>
+struct Cfg {
+  static constexpr int kThreads = 32 * W, BC = 16 * W, kMinBlocks = MinBlocks;
+  static constexpr bool kKvRegs = KvRegs;
+  static constexpr int kColSplit = W / 4;           // warps per dQ row tile
+  static constexpr int kDqCols = D / kColSplit;     // dQ columns per warp
+  static constexpr int kDqChunk = kDqCols < 64 ? kDqCols : 64;  // columns per pass (registers)
+  static_assert(W == 4 || W == 8, "4 or 8 warps");
+};
 
 // Element (row, col) of a shared tile with LD elements per row, its 16-byte chunks XOR-swizzled
 // by row % 8 (rung 06's v4): ldmatrix reads 8 rows at one chunk column from 8 bank groups.
@@ -50,7 +65,7 @@ __device__ __forceinline__ int swz(int row, int col) {
 
 // rows × D elements from global memory into a swizzled shared tile with cp.async; rows at or past
 // `valid` are zeros.
-template <class T, int D>
+template <class T, int D, int kThreads>
 __device__ void load_tile(T* dst, const T* src, int rows, int valid) {
   constexpr int kChunks = D / 8;
   for (int c = threadIdx.x; c < rows * kChunks; c += kThreads) {
@@ -94,14 +109,15 @@ __global__ void preprocess_mma_kernel(const T* __restrict__ o, const T* __restri
   if (in && col == 0) Dsum[row] = acc;
 }
 
-template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
+template <class T, int D, class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,H,Nq,d], [B,Hkv,Nk,d]
                     const T* __restrict__ v, const T* __restrict__ dout,  // [B,Hkv,Nk,d], [B,H,Nq,d]
                     const float* __restrict__ lse, const float* __restrict__ Dsum,  // [B,H,Nq] each
                     float* __restrict__ dq_acc,  // [B,H,Nq,d] fp32, zeroed, added to atomically, unscaled
                     T* __restrict__ dk, T* __restrict__ dv,  // [B,Hkv,Nk,d]
                     int heads, int group, int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
+  constexpr int BC = C::BC, kThreads = C::kThreads;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
   T* Vs = Ks + BC * D;                      // [BC][D]
@@ -129,8 +145,8 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   auto load_step = [&](int step, int buf) {
     const int64_t i0 = int64_t(ib0 + step % n_ib) * BR, row0 = q_row0(step);
     const int valid = int(std::min(int64_t(BR), nq - i0));
-    load_tile<T, D>(Qs + buf * BR * D, q + row0 * D, BR, valid);
-    load_tile<T, D>(dOs + buf * BR * D, dout + row0 * D, BR, valid);
+    load_tile<T, D, kThreads>(Qs + buf * BR * D, q + row0 * D, BR, valid);
+    load_tile<T, D, kThreads>(dOs + buf * BR * D, dout + row0 * D, BR, valid);
     for (int r = threadIdx.x; r < BR; r += kThreads) {  // padding rows and rows that saw no key: P = 0
       const float l = r < valid ? lse[row0 + r] : -INFINITY;
       Ls[buf * BR + r] = l == -INFINITY ? INFINITY : l * kLog2e;
@@ -138,13 +154,14 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     }
   };
 
-  load_tile<T, D>(Ks, k + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
-  load_tile<T, D>(Vs, v + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
+  load_tile<T, D, kThreads>(Ks, k + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
+  load_tile<T, D, kThreads>(Vs, v + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
   if (steps > 0) load_step(0, 0);
   cp_async_commit();
 
   // dK_j (unscaled) and dV_j of the warp's keys kw + g (+8), columns 8c + 2t (+1).
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
+  uint32_t kf[C::kKvRegs ? D / 16 : 1][4], vf[C::kKvRegs ? D / 16 : 1][4];  // kKvRegs: A of K_j, V_j
 
   for (int step = 0; step < steps; ++step) {
     const int buf = step & 1;
@@ -159,14 +176,28 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     const T* dOb = dOs + buf * BR * D;
     const float* Lb = Ls + buf * BR;
     const float* Db = Ds + buf * BR;
+    if constexpr (C::kKvRegs) {
+      if (step == 0) {  // K_j, V_j have landed: their A fragments stay in registers from here on
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+          ldmatrix_x4(kf[kk], Ks + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+          ldmatrix_x4(vf[kk], Vs + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+        }
+      }
+    }
 
     // Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ: 16 keys × 64 query rows each, 8 C tiles; k-steps along d.
     float st[BR / 8][4] = {}, dpt[BR / 8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t ak[4], av[4];
-      ldmatrix_x4(ak, Ks + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
-      ldmatrix_x4(av, Vs + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+      if constexpr (C::kKvRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ak[i] = kf[kk][i], av[i] = vf[kk][i];
+      } else {
+        ldmatrix_x4(ak, Ks + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+        ldmatrix_x4(av, Vs + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+      }
 #pragma unroll
       for (int np = 0; np < BR / 16; ++np) {  // B(k, n) = Q[n][k]: rows of Q are columns of B
         uint32_t bq[4], bo[4];
@@ -236,29 +267,33 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     }
     __syncthreads();  // all of dSᵀ is in shared memory
 
-    // dQ_i += dS K_j for query rows kw..kw+15, 64 columns at a time. A(m, k) = dSᵀ[k][m], read
-    // with ldmatrix.trans; B(k, n) = K[k][n], also transposed. Rows past Nq add nothing.
-    const int64_t row = i0 + kw + g;
-    float* dst = dq_acc + (q_row0(step) + kw + g) * D + 2 * t;
+    // dQ_i += dS K_j: warp w takes query rows 16·(w % 4).. +15 and, with 8 warps, half of d's
+    // columns, a chunk of at most 64 at a time. A(m, k) = dSᵀ[k][m], read with ldmatrix.trans;
+    // B(k, n) = K[k][n], also transposed. Rows past Nq add nothing.
+    const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);
+    const int64_t row = i0 + qr + g;
+    float* dst = dq_acc + (q_row0(step) + qr + g) * D + col0 + 2 * t;
 #pragma unroll
-    for (int half = 0; half < D / 64; ++half) {
-      float dq[8][4] = {};
+    for (int chunk = 0; chunk < C::kDqCols / C::kDqChunk; ++chunk) {
+      constexpr int NT = C::kDqChunk / 8;  // n8 tiles per chunk
+      float dq[NT][4] = {};
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
         uint32_t a[4];
-        ldmatrix_x4_trans(a, dSs + swz<BR>(16 * kk + lane % 8 + 8 * (lane / 16), kw + 8 * ((lane / 8) % 2)));
+        ldmatrix_x4_trans(a, dSs + swz<BR>(16 * kk + lane % 8 + 8 * (lane / 16), qr + 8 * ((lane / 8) % 2)));
 #pragma unroll
-        for (int cp = 0; cp < 4; ++cp) {
+        for (int cp = 0; cp < NT / 2; ++cp) {
           uint32_t bk[4];
-          ldmatrix_x4_trans(bk, Ks + swz<D>(16 * kk + lane % 8 + 8 * ((lane / 8) % 2), 64 * half + 16 * cp + 8 * (lane / 16)));
+          const int c = col0 + C::kDqChunk * chunk + 16 * cp + 8 * (lane / 16);
+          ldmatrix_x4_trans(bk, Ks + swz<D>(16 * kk + lane % 8 + 8 * ((lane / 8) % 2), c));
           mma_16816<T>(dq[2 * cp], a, bk[0], bk[1]);
           mma_16816<T>(dq[2 * cp + 1], a, bk[2], bk[3]);
         }
       }
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        if (row < nq) atomic_add2(dst + 64 * half + 8 * c, dq[c][0], dq[c][1]);
-        if (row + 8 < nq) atomic_add2(dst + 8 * D + 64 * half + 8 * c, dq[c][2], dq[c][3]);
+      for (int c = 0; c < NT; ++c) {
+        if (row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[c][0], dq[c][1]);
+        if (row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[c][2], dq[c][3]);
       }
     }
   }
@@ -288,7 +323,7 @@ __global__ void convert_dq_kernel(const float* __restrict__ acc, T* __restrict__
   }
 }
 
-template <class T, int D>
+template <class T, int D, class C>
 void launch(const AttentionShape& s, const BackwardArgs& a) {
   const cudaStream_t stream = as_stream(a.stream);
   unsigned char* ws = static_cast<unsigned char*>(a.workspace);
@@ -299,11 +334,11 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
       static_cast<const T*>(a.o), static_cast<const T*>(a.dout), Dsum, acc, rows);
   FL_CUDA_CHECK_LAUNCH();
 
-  constexpr std::size_t bytes = std::size_t(2 * BC * D + 4 * BR * D + BC * BR) * sizeof(T) + 4 * BR * sizeof(float);
-  FL_CUDA_CHECK(cudaFuncSetAttribute(backward_mma_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, BC)), unsigned(s.kv_heads), unsigned(s.batch));
+  constexpr std::size_t bytes = std::size_t(2 * C::BC * D + 4 * BR * D + C::BC * BR) * sizeof(T) + 4 * BR * sizeof(float);
+  FL_CUDA_CHECK(cudaFuncSetAttribute(backward_mma_kernel<T, D, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, C::BC)), unsigned(s.kv_heads), unsigned(s.batch));
   const float scale = s.softmax_scale();
-  backward_mma_kernel<T, D><<<grid, kThreads, bytes, stream>>>(
+  backward_mma_kernel<T, D, C><<<grid, C::kThreads, bytes, stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse, Dsum, acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), int(s.heads),
       int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal);
@@ -315,11 +350,42 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
   FL_CUDA_CHECK_LAUNCH();
 }
 
+// The variants measured on the way (docs/07_backward_recompute.md has the numbers); the default
+// is the fastest, and FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py.
+// Every variant computes the same gradients and passes the same tests.
+constexpr const char* kVariants[] = {"w8_kv", "w4", "w8", "w4_kv", "w4_occ"};
+
+int chosen_variant() {
+  static const int v = [] {
+    const char* e = std::getenv("FL_BACKWARD_VARIANT");
+    if (!e || !*e) return 0;
+    std::string names;
+    for (int i = 0; i < int(std::size(kVariants)); ++i) {
+      if (std::string(e) == kVariants[i]) return i;
+      names += std::string(i ? ", " : "") + kVariants[i];
+    }
+    throw InputError(std::string("rung ") + kMmaName + ": FL_BACKWARD_VARIANT=" + e + " is not a variant; there are " + names);
+  }();
+  return v;
+}
+
+template <class T, int D>
+void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
+  static_assert(Cfg<D, 8, D == 64>::BC == block_keys(DType::F16), "the default variant's B_c is the twin's");
+  switch (chosen_variant()) {
+    case 0: return launch<T, D, Cfg<D, 8, D == 64>>(s, a);  // w8_kv: 8 warps, 128 keys; K, V in registers at d = 64
+    case 1: return launch<T, D, Cfg<D, 4, false>>(s, a);    // w4: the first version, 4 warps, 64 keys
+    case 2: return launch<T, D, Cfg<D, 8, false>>(s, a);    // w8: 8 warps, 128 keys
+    case 3: return launch<T, D, Cfg<D, 4, D == 64>>(s, a);  // w4_kv: w4, K and V fragments in registers at d = 64
+    default: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);  // w4_occ: w4 held to 168 registers at d = 64 (3 blocks per SM)
+  }
+}
+
 template <class T>
 void dispatch_dim(const AttentionShape& s, const BackwardArgs& a) {
   switch (s.head_dim) {
-    case 64: return launch<T, 64>(s, a);
-    case 128: return launch<T, 128>(s, a);
+    case 64: return dispatch_variant<T, 64>(s, a);
+    case 128: return dispatch_variant<T, 128>(s, a);
     default: throw InputError(std::string("rung ") + kMmaName + " (cuda): head_dim " + std::to_string(s.head_dim) +
                               " has no kernel; supported: 64, 128");
   }

@@ -47,6 +47,7 @@ IoModel io_model(const AttentionShape& s, DType t) {
   const double d = double(s.head_dim), e = double(dtype_bytes(t)), f = sizeof(float), nq = double(s.seq_q);
   // Once per query head: O, dO read; D written; dQ's fp32 accumulator zeroed.
   double read = double(s.heads) * 2 * nq * d * e, written = double(s.heads) * (nq * f + nq * d * f);
+  const int64_t kBc = block_keys(t);
   for (int64_t j0 = 0; j0 < s.seq_k; j0 += kBc) {
     const double bc = double(std::min(kBc, s.seq_k - j0));
     read += double(s.kv_heads) * 2 * bc * d * e;     // K_j, V_j, once per key/value head
@@ -92,6 +93,7 @@ void twin(const AttentionShape& s, const BackwardArgs& a, IoCounter& io) {
   float* acc = kFp32 ? static_cast<float*>(a.dq) : reinterpret_cast<float*>(ws + dq_accum_offset(s));
   HbmMatrix<float> dQacc(acc, q_rows, d, io);
   const float scale = s.softmax_scale();
+  const int64_t kBc = block_keys(kFp32 ? DType::F32 : DType::F16);
 
   // Preprocessing, once per query head: D = rowsum(dO ∘ O), and a zero accumulator for dQ.
   for (int64_t b = 0; b < s.batch; ++b)

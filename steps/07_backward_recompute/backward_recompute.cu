@@ -17,7 +17,7 @@ namespace fl::backward {
 namespace {
 
 constexpr int kSide = 16, kThreads = kSide * kSide;  // thread (ty, tx) owns rows ty + 16a, cols tx + 16b
-constexpr int BR = int(kBr), BC = int(kBc);
+constexpr int BR = int(kBr), BC = int(block_keys(DType::F32));
 constexpr int kA = BR / kSide, kB = BC / kSide;        // 4 × 4 entries of each 64 × 64 tile per thread
 
 // D_r = Σ_c dO_rc · O_rc, one warp per row.

@@ -23,8 +23,10 @@
 
 namespace fl::backward {
 
-// Query rows and keys per block, as the kernels will use them.
-inline constexpr int64_t kBr = 64, kBc = 64;
+// Query rows per step, both kernels; keys per K/V block: 64 for the fp32 kernel, 128 for the
+// tensor-core one (8 warps of 16 keys; backward_mma.cu says why). The twin and the IO model follow.
+inline constexpr int64_t kBr = 64;
+constexpr int64_t block_keys(DType t) { return t == DType::F32 ? 64 : 128; }
 
 inline constexpr const char* kName = "07_backward_recompute";
 inline constexpr const char* kIdea =
