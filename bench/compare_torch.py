@@ -10,26 +10,55 @@ allocator and the same clock. For every shape and dtype it
   * runs every rung that supports the problem, checks O and lse against the reference and times it,
   * times PyTorch's SDPA backends (flash, cuDNN, memory-efficient, math) on the same inputs,
     recording why a backend refused where it does,
-  * prints each rung's time as a ratio to each SDPA backend, and writes every row to --json.
+  * then the backward (unless --no-backward), with a random dO drawn from the same seed:
+      - an fp64 reference dq, dk, dv by torch.autograd through the same math on float64 upcast
+        inputs (reference_backward; GQA: dk, dv summed over the query heads of each group, as the
+        rungs return them; causal with Nq != Nk bottom-right aligned, as the forward's reference);
+      - every rung whose fl_rung_has_backward is 1: fl_forward once for its own O and lse, then
+        fl_backward on NaN-poisoned dq, dk, dv, checked against the reference; then timed alone
+        (phase "bwd": fl_backward on that O and lse) and with its forward (phase "fwd+bwd":
+        fl_forward then fl_backward per call);
+      - every SDPA backend through autograd, q, k, v requiring grad: phase "bwd" times
+        torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) on one forward's graph (the
+        backward alone, the graph kept for the next call), phase "fwd+bwd" times a forward and
+        torch.autograd.grad together; gradients checked against the same reference;
+  * prints each rung's forward time as a ratio to each SDPA backend, and a backward table with
+    each kernel's bwd and fwd+bwd time and TFLOP/s and its backward's ratio to FlashAttention-2's
+    (SDPA flash) and cuDNN's, and writes every row to --json. Rows carry kind ("rung", "sdpa",
+    "memory", ...) and phase ("fwd", "bwd", "fwd+bwd").
+
+TFLOP/s by shared/anchors.md: the forward 4·B·H·Nq·Nk·d (half when causal), the backward 2.5×
+that, forward+backward 3.5×.
 
 Timing: CUDA events around one call, a 256 MiB buffer zeroed before every call (outside the timed
 region) so L2 holds nothing useful, warm-up first, median of the repetitions.
 
+--memory-sweep adds (first, as it is short) the extra device memory of one forward+backward against
+N, B=1 H=16 d=64 bf16, N = 1024..65536: each rung with a backward pass (its workspaces, measured
+with PyTorch's peak statistics) beside standard attention (SDPA's math backend through autograd);
+where standard attention runs out of memory the row says so with the N²-scaled prediction.
+bench/plot.py --memory draws it.
+
 Each (shape, dtype) runs in a fresh worker process by default: a kernel that faults leaves its CUDA
-context unusable, and isolation keeps that from taking every later measurement with it.
+context unusable, and isolation keeps that from taking every later measurement with it. With
+--time-limit, a worker still running when the time is up is stopped (the rows it wrote are kept)
+and shapes not started are reported as skipped.
 
     python3 bench/compare_torch.py --quick
     python3 bench/compare_torch.py --dtype fp32,bf16 --json torch.json
+    python3 bench/compare_torch.py --dtype bf16 --memory-sweep --json torch.json
+    python3 bench/compare_torch.py --memory-sweep only --json memory.json
     python3 bench/compare_torch.py --shapes 1x16x4096x64c 2x32/8x1000:3000x128 --rungs 05_fa2_loop_order
 
 Shapes are B x H[/Hkv] x Nq[:Nk] x d, with a trailing c for causal. --device cpu runs the CPU twins
-(fl_forward_host) against PyTorch on the CPU, for a machine with no GPU.
+(fl_forward_host, fl_backward_host) against PyTorch on the CPU, for a machine with no GPU.
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import datetime
+import gc
 import json
 import math
 import os
@@ -91,6 +120,9 @@ class Ladder:
             "fl_forward_workspace_bytes": ([S, S, shape, I, ctypes.POINTER(Z)], I),
             "fl_forward": ([S, shape, I, P, P, P, P, P, P, Z, P], I),
             "fl_forward_host": ([S, shape, I, P, P, P, P, P, P, Z, io], I),
+            "fl_backward_workspace_bytes": ([S, S, shape, I, ctypes.POINTER(Z)], I),
+            "fl_backward": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, P], I),
+            "fl_backward_host": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, io], I),
         }
         for name, (args, res) in sigs.items():
             fn = getattr(lib, name)
@@ -112,10 +144,12 @@ class Ladder:
         ok = bool(self.lib.fl_cuda_available())
         return ok, "" if ok else self.lib.fl_last_error().decode()
 
-    def rungs(self, backend: str) -> list[str]:
+    def rungs(self, backend: str, backward: bool = False) -> list[str]:
+        """The rungs on `backend`; with backward=True only those whose fl_rung_has_backward is 1."""
         n = self.lib.fl_rung_count()
         return [self.lib.fl_rung_name(i).decode() for i in range(n)
-                if self.lib.fl_rung_backend(i).decode() == backend]
+                if self.lib.fl_rung_backend(i).decode() == backend
+                and (not backward or self.lib.fl_rung_has_backward(i))]
 
     def supports(self, rung: str, backend: str, shape: FlShape, dtype: str) -> tuple[bool, str]:
         ok = bool(self.lib.fl_rung_supports(rung.encode(), backend.encode(), ctypes.byref(shape),
@@ -141,6 +175,30 @@ class Ladder:
         self._check(self.lib.fl_forward_host(
             rung.encode(), ctypes.byref(shape), FL_DTYPES[dtype][0], q.data_ptr(), k.data_ptr(),
             v.data_ptr(), o.data_ptr(), lse.data_ptr(), ws.data_ptr() if ws is not None else None,
+            ws.numel() if ws is not None else 0, None))
+
+    def backward_workspace_bytes(self, rung: str, backend: str, shape: FlShape, dtype: str) -> int:
+        """Raises FlError naming why when the rung does not run this backward."""
+        n = ctypes.c_size_t(0)
+        self._check(self.lib.fl_backward_workspace_bytes(rung.encode(), backend.encode(),
+                                                         ctypes.byref(shape), FL_DTYPES[dtype][0],
+                                                         ctypes.byref(n)))
+        return n.value
+
+    def backward(self, rung, shape, dtype, q, k, v, o, lse, dout, dq, dk, dv, ws, stream):
+        """Device tensors; dq, dk, dv from q, k, v, the forward's o and lse, and dout."""
+        self._check(self.lib.fl_backward(
+            rung.encode(), ctypes.byref(shape), FL_DTYPES[dtype][0], q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+            dv.data_ptr(), ws.data_ptr() if ws is not None else None,
+            ws.numel() if ws is not None else 0, stream))
+
+    def backward_host(self, rung, shape, dtype, q, k, v, o, lse, dout, dq, dk, dv, ws, stream=None):
+        """Host tensors, the CPU twin's backward; `stream` is ignored."""
+        self._check(self.lib.fl_backward_host(
+            rung.encode(), ctypes.byref(shape), FL_DTYPES[dtype][0], q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+            dv.data_ptr(), ws.data_ptr() if ws is not None else None,
             ws.numel() if ws is not None else 0, None))
 
 
@@ -270,6 +328,53 @@ def reference(shape: Shape, q, k, v, budget_elems: int = 1 << 25):
     return o_ref.reshape(B, H, Nq, d), lse_ref.reshape(B, H, Nq)
 
 
+def reference_backward(shape: Shape, q, k, v, dout, budget_elems: int = 1 << 24):
+    """fp64 dq [B,H,Nq,d], dk and dv [B,Hkv,Nk,d] by torch.autograd through the same math as
+    reference() (scores, the mask of allowed_mask, softmax, P·V) on inputs upcast to float64, in
+    chunks of heads × rows whose score block holds at most budget_elems doubles (128 MiB; autograd
+    keeps a few such blocks). dk and dv are summed over the query heads of each group, as a rung
+    returns them (index_add_ over each chunk's key/value heads, which repeat within a chunk under
+    GQA), and over the row chunks. A row that sees no key (causal, Nq > Nk) has P = 0, so its dq is 0
+    and it adds nothing to dk, dv: its scores are set to 0 before the softmax and P multiplied by 0
+    after, so no −inf − (−inf) reaches autograd."""
+    B, H, Hkv, Nq, Nk, d = (shape.batch, shape.heads, shape.kv_heads, shape.seq_q, shape.seq_k,
+                            shape.head_dim)
+    group = H // Hkv
+    qf, dof = q.reshape(B * H, Nq, d), dout.reshape(B * H, Nq, d)
+    kf, vf = k.reshape(B * Hkv, Nk, d), v.reshape(B * Hkv, Nk, d)
+    bh = torch.arange(B * H, device=q.device)
+    kv_of = (bh // H) * Hkv + (bh % H) // group  # the key/value head query head bh reads
+    dq = torch.zeros(B * H, Nq, d, dtype=torch.float64, device=q.device)
+    dk = torch.zeros(B * Hkv, Nk, d, dtype=torch.float64, device=q.device)
+    dv = torch.zeros_like(dk)
+    rows = max(1, min(Nq, budget_elems // Nk))
+    heads = max(1, min(B * H, budget_elems // (rows * Nk)))
+    with torch.enable_grad():
+        for h0 in range(0, B * H, heads):
+            h1 = min(B * H, h0 + heads)
+            idx = kv_of[h0:h1]
+            for r0 in range(0, Nq, rows):
+                r1 = min(Nq, r0 + rows)
+                qq = qf[h0:h1, r0:r1].double().requires_grad_()
+                kk = kf[idx].double().requires_grad_()
+                vv = vf[idx].double().requires_grad_()
+                s = torch.matmul(qq, kk.transpose(-1, -2)) * shape.scale
+                if shape.causal:
+                    mask = allowed_mask(shape, r0, r1, q.device)  # [rows, Nk], bottom-right aligned
+                    seen = mask.any(dim=-1, keepdim=True)         # [rows, 1]: sees some key
+                    s = torch.where(seen, s.masked_fill(~mask, float("-inf")), torch.zeros_like(s))
+                    p = torch.softmax(s, dim=-1) * seen
+                else:
+                    p = torch.softmax(s, dim=-1)
+                o = torch.matmul(p, vv)
+                gq, gk, gv = torch.autograd.grad(o, (qq, kk, vv), dof[h0:h1, r0:r1].double())
+                dq[h0:h1, r0:r1] = gq
+                dk.index_add_(0, idx, gk)
+                dv.index_add_(0, idx, gv)
+                del s, p, o, gq, gk, gv
+    return dq.reshape(B, H, Nq, d), dk.reshape(B, Hkv, Nk, d), dv.reshape(B, Hkv, Nk, d)
+
+
 def error_stats(out, ref) -> dict:
     """Relative L2 and max abs over elements finite in both; `bad` counts NaN/inf where the
     reference is finite, and the wrong value where it is −inf (a poisoned element left unwritten
@@ -337,11 +442,16 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     dev = args.device
     tdtype = FL_DTYPES[dtype][1]
     base = dict(meta, **asdict(shape), shape=shape.spec(), dtype=dtype, flops=shape.flops())
+    # FLOPs of each phase by shared/anchors.md: the backward 2.5x the forward, both together 3.5x.
+    phase_flops = {"fwd": shape.flops(), "bwd": 2.5 * shape.flops(), "fwd+bwd": 3.5 * shape.flops()}
 
-    def row(kind, name, **kw):
-        r = dict(base, kind=kind, name=name, backend=backend if kind == "rung" else "torch",
+    def row(kind, name, phase="fwd", **kw):
+        r = dict(base, kind=kind, name=name, phase=phase, flops=phase_flops[phase],
+                 backend=backend if kind == "rung" else "torch",
                  ms=None, tflops=None, rel_err=None, max_abs=None, lse_rel_err=None, bad=None,
                  passed=None, reps=None, error=None, skip=None)
+        if kw.get("ms") is not None:
+            kw["tflops"] = phase_flops[phase] / (kw["ms"] * 1e-3) / 1e12
         r.update(kw)
         emit(r)
 
@@ -352,6 +462,7 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     k = torch.randn(shape.batch, shape.kv_heads, shape.seq_k, shape.head_dim, device=dev,
                     dtype=tdtype, generator=gen)
     v = torch.randn(k.shape, device=dev, dtype=tdtype, generator=gen)
+    dout = torch.randn(q.shape, device=dev, dtype=tdtype, generator=gen)  # the backward's dO
     try:
         o_ref, lse_ref = reference(shape, q, k, v)
     except Exception as e:  # without a reference nothing can be checked; say so and move on
@@ -360,6 +471,7 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     timer = Timer(dev, args.warmup, args.reps, args.budget_s)
     stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else None
     call = ladder.forward if dev == "cuda" else ladder.forward_host
+    call_backward = ladder.backward if dev == "cuda" else ladder.backward_host
 
     # -- the ladder's rungs
     for rung in ladder.rungs(backend):
@@ -390,7 +502,7 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
             passed = eo["bad"] == 0 and el["bad"] == 0 and eo["rel_err"] <= TOLERANCE[dtype] \
                 and el["rel_err"] <= TOLERANCE[dtype]
             ms, reps = timer(fn)
-            row("rung", name, ms=ms, tflops=shape.flops() / (ms * 1e-3) / 1e12, reps=reps,
+            row("rung", name, ms=ms, reps=reps,
                 rel_err=eo["rel_err"], max_abs=eo["max_abs"], lse_rel_err=el["rel_err"],
                 bad=eo["bad"] + el["bad"], passed=passed, workspace_bytes=ws_bytes)
         except Exception as e:
@@ -404,17 +516,10 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     for peer in args.peers:
         name = f"sdpa_{peer}"
         if shape.causal and shape.seq_q != shape.seq_k:
-            row("sdpa", name, skip="SDPA's is_causal is top-left aligned when Nq != Nk; the "
-                                   "ladder's contract is bottom-right, so only Nq == Nk compares")
+            row("sdpa", name, skip=SDPA_CAUSAL_SKIP)
             continue
-        attempts = [("enable_gqa", k, v, {"enable_gqa": True})] if shape.kv_heads != shape.heads \
-            else [("", k, v, {})]
-        if shape.kv_heads != shape.heads:  # fallback for backends / versions without enable_gqa
-            g = shape.heads // shape.kv_heads
-            attempts.append(("repeat_interleave", k.repeat_interleave(g, dim=1),
-                             v.repeat_interleave(g, dim=1), {}))
         errors = []
-        for how, kk, vv, kw in attempts:
+        for how, kk, vv, kw in sdpa_attempts(shape, k, v):
             fn = lambda: F.scaled_dot_product_attention(  # noqa: E731
                 q, kk, vv, is_causal=shape.causal, scale=shape.scale, **kw)
             try:
@@ -423,15 +528,13 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
                     try:
                         out = fn()
                     except Exception as e:
-                        # PyTorch says why a backend refused in warnings; keep them with the error.
-                        why = "; ".join(short(w.message, 200) for w in caught)
-                        raise RuntimeError(short(e, 200) + (f" [{why}]" if why else "")) from None
+                        raise refusal(e, caught) from None
                     if dev == "cuda":
                         torch.cuda.synchronize()
                     eo = error_stats(out, o_ref)
                     del out
                     ms, reps = timer(fn)
-                row("sdpa", name, ms=ms, tflops=shape.flops() / (ms * 1e-3) / 1e12, reps=reps,
+                row("sdpa", name, ms=ms, reps=reps,
                     rel_err=eo["rel_err"], max_abs=eo["max_abs"], bad=eo["bad"],
                     passed=eo["bad"] == 0 and eo["rel_err"] <= TOLERANCE[dtype], gqa=how or None)
                 break
@@ -441,6 +544,170 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
                     torch.cuda.empty_cache()
         else:
             row("sdpa", name, error=" | ".join(errors))
+
+    if args.backward:
+        del o_ref, lse_ref
+        run_backward_problem(args, ladder, shape, dtype, q, k, v, dout, row, timer, stream, call,
+                             call_backward, backend)
+
+
+SDPA_CAUSAL_SKIP = ("SDPA's is_causal is top-left aligned when Nq != Nk; the ladder's contract is "
+                    "bottom-right, so only Nq == Nk compares")
+
+
+def sdpa_attempts(shape: Shape, k, v) -> list[tuple]:
+    """(how, k, v, extra SDPA arguments) to try in turn. Grouped-query attention: PyTorch 2.11's
+    SDPA takes enable_gqa=True (flash and math run it, and autograd then returns dk, dv with Hkv
+    heads, already summed over each group); a backend that refuses it gets k and v repeated to H
+    heads by repeat_interleave, made here, outside any timed region, so that what is timed is the
+    backend's own work (for the backward, the gradients of the repeated k, v are summed back over
+    each group afterwards, also outside the timing: see sum_groups)."""
+    if shape.kv_heads == shape.heads:
+        return [("", k, v, {})]
+    g = shape.heads // shape.kv_heads
+    return [("enable_gqa", k, v, {"enable_gqa": True}),
+            ("repeat_interleave", k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1), {})]
+
+
+def sum_groups(shape: Shape, grad):
+    """[B, H, Nk, d] gradients of repeat_interleave'd k or v -> [B, Hkv, Nk, d]: each key/value
+    head's is the sum over the H/Hkv query heads that read it (repeat_interleave puts them side by
+    side)."""
+    if grad.shape[1] == shape.kv_heads:
+        return grad
+    g = shape.heads // shape.kv_heads
+    return grad.reshape(shape.batch, shape.kv_heads, g, shape.seq_k, shape.head_dim).sum(dim=2)
+
+
+def refusal(e: BaseException, caught) -> RuntimeError:
+    """A backend's refusal with the warnings in which PyTorch says why it refused."""
+    why = "; ".join(short(w.message, 200) for w in caught)
+    return RuntimeError(short(e, 200) + (f" [{why}]" if why else ""))
+
+
+def gradient_stats(grads, refs, dtype: str) -> dict:
+    """dq, dk, dv against the fp64 reference: each one's relative L2 error, the largest of them as
+    rel_err, and passed when none has a bad element and each is within TOLERANCE[dtype]."""
+    stats = {n: error_stats(g, r) for n, g, r in zip(("dq", "dk", "dv"), grads, refs)}
+    return dict(rel_err=max(e["rel_err"] for e in stats.values()),
+                max_abs=max(e["max_abs"] for e in stats.values()),
+                bad=sum(e["bad"] for e in stats.values()),
+                dq_rel_err=stats["dq"]["rel_err"], dk_rel_err=stats["dk"]["rel_err"],
+                dv_rel_err=stats["dv"]["rel_err"],
+                passed=all(e["bad"] == 0 and e["rel_err"] <= TOLERANCE[dtype] for e in stats.values()))
+
+
+def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v, dout, row, timer,
+                         stream, call, call_backward, backend: str) -> None:
+    """The backward of every rung that has one and of every SDPA backend, on the same inputs and the
+    same dO. Two rows each: phase "bwd" (the backward alone: for a rung fl_backward on the O and lse
+    of its own fl_forward run once before; for SDPA torch.autograd.grad(out, (q, k, v), dO,
+    retain_graph=True) on one forward's graph, so each timed call is the backward alone) and phase
+    "fwd+bwd" (a forward then a backward per call: fl_forward then fl_backward, or SDPA's forward
+    with q, k, v requiring grad, then torch.autograd.grad). Timing as for the forward: the L2 flush
+    outside the timed region, warm-up, median. Gradients are checked against the fp64 reference of
+    reference_backward after one untimed call, the rung's on poisoned (NaN) outputs."""
+    dev = args.device
+    rungs = [r for r in ladder.rungs(backend, backward=True) if not args.rungs or r in args.rungs]
+    if not rungs and not args.peers:
+        return
+    try:
+        grads_ref = reference_backward(shape, q, k, v, dout)
+    except Exception as e:  # without a reference no gradient can be checked; say so and move on
+        row("reference", "fp64 backward", phase="bwd", error=short(e))
+        return
+
+    def bwd_rows(kind, name, error=None, skip=None):
+        # A rung that errs has failed; a backend that refuses has only said no (as for the forward).
+        for phase in ("bwd", "fwd+bwd"):
+            row(kind, name, phase=phase, error=error, skip=skip,
+                passed=False if error and kind == "rung" else None)
+
+    # -- the rungs with a backward pass
+    for rung in rungs:
+        name = f"{rung} ({backend})"
+        try:
+            ws_b = ladder.backward_workspace_bytes(rung, backend, shape.c(), dtype)
+        except FlError as e:  # the rung does not run this backward: its dtype, d, mask, GQA
+            bwd_rows("rung", name, skip=short(e))
+            continue
+        o = lse = dq = dk = dv = ws_f = ws_bw = None
+        try:
+            ws_fb = ladder.workspace_bytes(rung, backend, shape.c(), dtype)
+            need = ws_fb + ws_b + 3 * q.numel() * q.element_size() + 2 * k.numel() * k.element_size() \
+                + shape.batch * shape.heads * shape.seq_q * 4
+            if need + (512 << 20) > free_bytes(dev):
+                bwd_rows("rung", name, skip=f"needs {need / 2**30:.2f} GiB more device memory "
+                                            f"(workspaces {(ws_fb + ws_b) / 2**30:.2f} GiB); "
+                                            f"{free_bytes(dev) / 2**30:.2f} GiB free")
+                continue
+            o = torch.empty_like(q)
+            lse = torch.empty((shape.batch, shape.heads, shape.seq_q), dtype=torch.float32, device=dev)
+            dq = torch.full_like(q, float("nan"))  # poisoned: an unwritten element shows as bad
+            dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
+            ws_f = torch.empty(ws_fb, dtype=torch.uint8, device=dev) if ws_fb else None
+            ws_bw = torch.empty(ws_b, dtype=torch.uint8, device=dev) if ws_b else None
+            fwd = lambda: call(rung, shape.c(), dtype, q, k, v, o, lse, ws_f, stream)  # noqa: E731
+            bwd = lambda: call_backward(rung, shape.c(), dtype, q, k, v, o, lse, dout,  # noqa: E731
+                                        dq, dk, dv, ws_bw, stream)
+            fwd()  # O and lse for the backward: the rung's own
+            bwd()
+            if dev == "cuda":
+                torch.cuda.synchronize()  # a fault in a kernel surfaces here, not in the timing
+            stats = gradient_stats((dq, dk, dv), grads_ref, dtype)
+            ms, reps = timer(bwd)
+            row("rung", name, phase="bwd", ms=ms, reps=reps, workspace_bytes=ws_b, **stats)
+            ms, reps = timer(lambda: (fwd(), bwd()))
+            row("rung", name, phase="fwd+bwd", ms=ms, reps=reps, workspace_bytes=ws_fb + ws_b, **stats)
+        except Exception as e:
+            bwd_rows("rung", name, error=short(e))
+        finally:
+            o = lse = dq = dk = dv = ws_f = ws_bw = None
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+
+    # -- PyTorch's SDPA backends through autograd
+    for peer in args.peers:
+        name = f"sdpa_{peer}"
+        if shape.causal and shape.seq_q != shape.seq_k:
+            bwd_rows("sdpa", name, skip=SDPA_CAUSAL_SKIP)
+            continue
+        errors = []
+        for how, kk, vv, kw in sdpa_attempts(shape, k, v):
+            # Leaves that require grad, sharing storage with the inputs (no copies).
+            qg, kg, vg = (t.detach().requires_grad_() for t in (q, kk, vv))
+            fwd = lambda: F.scaled_dot_product_attention(  # noqa: E731
+                qg, kg, vg, is_causal=shape.causal, scale=shape.scale, **kw)
+            out = None
+            try:
+                with sdpa_kernel(peer), warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    try:
+                        out = fwd()
+                        grads = torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True)
+                    except Exception as e:
+                        raise refusal(e, caught) from None
+                    if dev == "cuda":
+                        torch.cuda.synchronize()
+                    grads = (grads[0], sum_groups(shape, grads[1]), sum_groups(shape, grads[2]))
+                    stats = gradient_stats(grads, grads_ref, dtype)
+                    del grads
+                    ms_b, reps_b = timer(lambda: torch.autograd.grad(out, (qg, kg, vg), dout,
+                                                                     retain_graph=True))
+                    out = None  # frees the graph the backward-alone timing kept
+                    ms_fb, reps_fb = timer(lambda: torch.autograd.grad(fwd(), (qg, kg, vg), dout))
+                row("sdpa", name, phase="bwd", ms=ms_b, reps=reps_b, gqa=how or None, **stats)
+                row("sdpa", name, phase="fwd+bwd", ms=ms_fb, reps=reps_fb, gqa=how or None, **stats)
+                break
+            except Exception as e:
+                errors.append((f"{how}: " if how else "") + short(e))
+            finally:
+                out = grads = None
+                qg = kg = vg = None
+                if dev == "cuda":
+                    torch.cuda.empty_cache()
+        else:
+            bwd_rows("sdpa", name, error=" | ".join(errors))
 
 
 # ---- Driver ------------------------------------------------------------------------------------
@@ -454,9 +721,206 @@ def metadata(ladder: Ladder, device: str) -> dict:
     }
 
 
+# ---- Extra memory against N (--memory-sweep) --------------------------------------------------
+
+MEMORY_SEQS = [1024 << i for i in range(7)]  # 1024, 2048, ..., 65536
+MEMORY_DTYPE = "bf16"
+
+
+def memory_shapes(seqs: list[int]) -> list[Shape]:
+    """The sweep's problems: B=1, H=16, d=64, non-causal, Nq = Nk = N."""
+    return [Shape(1, 16, 16, n, n, 64, False) for n in seqs]
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """PyTorch's own OutOfMemoryError, or a library (cuBLAS) that could not get its workspace."""
+    m = str(e)
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in m.lower() \
+        or "ALLOC_FAILED" in m or "FL_ERR_OUT_OF_MEMORY" in m
+
+
+def tensor_bytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+class CudaMemory:
+    """The device-memory statistics the sweep reads (torch.cuda's), in one place: a test can hand
+    run_memory_sweep another object with the same methods to run its logic without a GPU."""
+    device = "cuda"
+
+    def total(self) -> int:
+        return torch.cuda.get_device_properties(0).total_memory
+
+    def stream(self):
+        return torch.cuda.current_stream().cuda_stream
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def fresh(self) -> None:
+        """Nothing of an earlier measurement left: every cached block back to the driver."""
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated()
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats()
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated()
+
+    def driver_free_and_reserved(self) -> tuple[int, int]:
+        return torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+
+
+def run_memory_sweep(args, ladder: Ladder, meta: dict, emit, mem=None) -> None:
+    """Peak extra device memory of one forward+backward against N (memory_shapes), bf16, for every
+    rung with a backward pass that runs the problem and for standard attention (SDPA's math
+    backend through autograd). One row each (kind "memory", phase "fwd+bwd"):
+
+      rung:     the caller allocates Q, K, V, dO, O, lse, dQ, dK, dV; then, measured from there with
+                torch.cuda.reset_peak_memory_stats / max_memory_allocated, the forward's workspace
+                (fl_forward_workspace_bytes) for fl_forward, freed, and the backward's
+                (fl_backward_workspace_bytes) for fl_backward: the library allocates nothing else
+                (capi/flash_ladder.h), so the peak is the larger workspace. untracked_bytes is the
+                device memory that went missing outside PyTorch's allocator during the two calls
+                (cudaMemGetInfo against PyTorch's reserved bytes): 0 when nothing is allocated
+                behind the caller's back.
+      standard: torch.cuda.max_memory_allocated() after reset_peak_memory_stats(), minus what was
+                allocated before (Q, K, V, dO), minus the bytes of the output and the gradients:
+                what the math backend keeps and makes in between (S, P and their gradients, N²
+                each).
+
+    Before the sweep each kernel runs once on the smallest problem, so that lazy module loading
+    and cuBLAS's workspace are not counted. A problem that does not fit is recorded with status
+    "out of memory" and predicted_extra_bytes: the largest N measured scaled by (N/N0)² (or, with
+    nothing measured, a lower bound: P alone, B·H·N² values in the input dtype)."""
+    mem = mem or CudaMemory()
+    dev = mem.device
+    backend = "cuda" if dev == "cuda" else "cpu"
+    forward = ladder.forward if dev == "cuda" else ladder.forward_host
+    backward = ladder.backward if dev == "cuda" else ladder.backward_host
+    dtype, tdtype = MEMORY_DTYPE, FL_DTYPES[MEMORY_DTYPE][1]
+    shapes = memory_shapes(args.memory_seqs)
+    total = mem.total()
+    stream = mem.stream()
+    rungs = [r for r in ladder.rungs(backend, backward=True) if not args.rungs or r in args.rungs]
+
+    def mrow(shape: Shape, name: str, backend: str, **kw):
+        r = dict(meta, **asdict(shape), shape=shape.spec(), dtype=dtype, kind="memory", phase="fwd+bwd",
+                 name=name, backend=backend, ms=None, passed=None, error=None, skip=None,
+                 status=None, extra_bytes=None, predicted_extra_bytes=None, predicted_from=None,
+                 io_bytes=None, total_memory_bytes=total)
+        r.update(kw)
+        emit(r)
+
+    def inputs(shape: Shape, grad: bool):
+        gen = torch.Generator(device=dev).manual_seed(args.seed)
+        q = torch.randn(shape.batch, shape.heads, shape.seq_q, shape.head_dim, device=dev, dtype=tdtype,
+                        generator=gen)
+        k = torch.randn(q.shape, device=dev, dtype=tdtype, generator=gen)
+        v = torch.randn(q.shape, device=dev, dtype=tdtype, generator=gen)
+        dout = torch.randn(q.shape, device=dev, dtype=tdtype, generator=gen)
+        if grad:
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+        return q, k, v, dout
+
+    def rung_extra(rung: str, shape: Shape) -> dict:
+        c = shape.c()
+        ws_f = ladder.workspace_bytes(rung, backend, c, dtype)
+        ws_b = ladder.backward_workspace_bytes(rung, backend, c, dtype)
+        mem.fresh()
+        q, k, v, dout = inputs(shape, grad=False)
+        o, dq, dk, dv = (torch.empty_like(q) for _ in range(4))
+        lse = torch.empty(shape.batch, shape.heads, shape.seq_q, dtype=torch.float32, device=dev)
+        mem.synchronize()
+        base = mem.allocated()
+        mem.reset_peak()
+        free0, reserved0 = mem.driver_free_and_reserved()
+        wf = torch.empty(ws_f, dtype=torch.uint8, device=dev) if ws_f else None
+        forward(rung, c, dtype, q, k, v, o, lse, wf, stream)
+        wf = None  # scratch: freed once the forward is queued (the allocator reuses it in stream order)
+        wb = torch.empty(ws_b, dtype=torch.uint8, device=dev) if ws_b else None
+        backward(rung, c, dtype, q, k, v, o, lse, dout, dq, dk, dv, wb, stream)
+        mem.synchronize()
+        peak = mem.peak() - base
+        free1, reserved1 = mem.driver_free_and_reserved()
+        return dict(extra_bytes=peak, forward_workspace_bytes=ws_f, backward_workspace_bytes=ws_b,
+                    io_bytes=tensor_bytes(q, k, v, dout, o, lse, dq, dk, dv),
+                    untracked_bytes=(free0 - free1) - (reserved1 - reserved0))
+
+    def math_extra(shape: Shape) -> dict:
+        mem.fresh()
+        q, k, v, dout = inputs(shape, grad=True)
+        mem.synchronize()
+        base = mem.allocated()  # Q, K, V, dO
+        mem.reset_peak()
+        with sdpa_kernel("math"):
+            out = F.scaled_dot_product_attention(q, k, v, scale=shape.scale)
+            grads = torch.autograd.grad(out, (q, k, v), dout)
+        mem.synchronize()
+        peak = mem.peak()
+        io = tensor_bytes(out, *grads)
+        return dict(extra_bytes=peak - base - io, io_bytes=tensor_bytes(q, k, v, dout) + io)
+
+    kernels = [(f"{r} ({backend})", backend, lambda s, r=r: rung_extra(r, s)) for r in rungs] + \
+        [("sdpa_math", "torch", math_extra)]
+    for name, kernel_backend, measure in kernels:
+        if kernel_backend != "torch":
+            try:
+                ladder.backward_workspace_bytes(name.split(" (")[0], backend, shapes[0].c(), dtype)
+            except FlError as e:  # the rung does not run this backward (dtype, d)
+                for shape in shapes:
+                    mrow(shape, name, kernel_backend, status="skipped", skip=short(e))
+                continue
+        try:  # warm-up on the smallest problem: modules loaded, cuBLAS's workspace made
+            measure(shapes[0])
+        except Exception as e:
+            print(f"  warm-up of {name} failed: {short(e)}", flush=True)
+        measured = []  # (N, extra bytes) that ran
+        for shape in shapes:
+            if args.deadline and time.time() > args.deadline:
+                mrow(shape, name, kernel_backend, status="skipped",
+                     skip=f"not started: --time-limit {args.time_limit:.0f} s spent")
+                continue
+            try:
+                m = measure(shape)
+                measured.append((shape.seq_q, m["extra_bytes"]))
+                mrow(shape, name, kernel_backend, status="ok", **m)
+            except Exception as e:
+                if not is_out_of_memory(e):
+                    mrow(shape, name, kernel_backend, status="error", error=short(e))
+                    continue
+                if measured:
+                    n0, b0 = measured[-1]
+                    predicted, how = b0 * (shape.seq_q / n0) ** 2, f"N={n0} measured x (N/{n0})^2"
+                else:
+                    predicted = shape.batch * shape.heads * shape.seq_q * shape.seq_k * FL_DTYPES[dtype][1].itemsize
+                    how = "lower bound: P alone, B*H*N^2 values in the input dtype"
+                mrow(shape, name, kernel_backend, status="out of memory", error=short(e, 300),
+                     predicted_extra_bytes=predicted, predicted_from=how)
+            finally:
+                mem.fresh()
+
+
+# ---- Driver ------------------------------------------------------------------------------------
+
+def describe_bytes(b) -> str:
+    if b is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(b) < 1024 or unit == "TiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.2f} {unit}"
+        b /= 1024.0
+    return str(b)
+
+
 def run_worker(args) -> int:
-    """One process, every (shape, dtype) given; rows appended to args.rows_out as JSON lines as
-    they are measured, so a crash keeps what was done before it."""
+    """One process, every (shape, dtype) given (and the memory sweep, when asked); rows appended to
+    args.rows_out as JSON lines as they are measured, so a crash keeps what was done before it."""
     ladder = Ladder(args.lib)
     if args.device == "cuda":
         ok, why = ladder.cuda_available()
@@ -469,6 +933,17 @@ def run_worker(args) -> int:
         def emit(r):
             out.write(json.dumps(r) + "\n")
             out.flush()
+            if r["kind"] == "memory":
+                status = r.get("status") or "?"
+                if status == "ok":
+                    status = f"extra {describe_bytes(r['extra_bytes'])}"
+                elif status == "out of memory":
+                    status += f" (predicted {describe_bytes(r['predicted_extra_bytes'])})"
+                else:
+                    status += f": {r.get('skip') or r.get('error')}"
+                print(f"  {r['shape']:>22} {r['dtype']} {'memory ' + r['name']:<40} {status}", flush=True)
+                return
+            phase = r.get("phase", "fwd")
             if r["ms"] is not None:
                 status = (f"{r['ms']:9.3f} ms {r['tflops']:7.2f} TFLOP/s rel_err {r['rel_err']:.1e}"
                           + ("" if r["passed"] else "  FAIL"))
@@ -476,7 +951,9 @@ def run_worker(args) -> int:
                 status = f"skipped: {r['skip']}"
             else:
                 status = f"ERROR: {r['error']}"
-            print(f"  {r['shape']:>22} {r['dtype']} {r['name']:<32} {status}", flush=True)
+            print(f"  {r['shape']:>22} {r['dtype']} {phase:>7} {r['name']:<32} {status}", flush=True)
+        if args.memory_sweep:
+            run_memory_sweep(args, ladder, meta, emit)
         for dtype in args.dtype:
             for shape in args.shapes_for[dtype]:
                 if args.deadline and time.time() > args.deadline:
@@ -488,26 +965,34 @@ def run_worker(args) -> int:
     return 0
 
 
-def worker_command(args, shape: Shape, dtype: str, rows_out: str) -> list[str]:
+def worker_command(args, shape: Shape | None, dtype: str, rows_out: str) -> list[str]:
+    """The command of a worker for one (shape, dtype), or for the memory sweep alone (shape None)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--lib", args.lib,
-           "--device", args.device, "--dtype", dtype, "--shapes", shape.spec(),
+           "--device", args.device, "--dtype", dtype,
            "--reps", str(args.reps), "--warmup", str(args.warmup), "--budget-s", str(args.budget_s),
            "--seed", str(args.seed), "--peers", ",".join(args.peers), "--rows-out", rows_out]
+    if shape is None:
+        cmd += ["--memory-sweep", "only", "--memory-seqs", ",".join(str(n) for n in args.memory_seqs)]
+    else:
+        cmd += ["--shapes", shape.spec()]
     if args.rungs:
         cmd += ["--rungs", ",".join(args.rungs)]
+    if not args.backward:
+        cmd += ["--no-backward"]
     return cmd
 
 
 def print_table(rows: list[dict]) -> None:
     peers = SDPA_BACKENDS
-    print("\nEach rung's time as a ratio to each SDPA backend in this run (ours / theirs: 2.0x is "
-          "twice as slow; - where that backend did not run)")
+    fwd = [r for r in rows if r.get("phase", "fwd") == "fwd" and r["kind"] != "memory"]
+    print("\nForward: each kernel's time as a ratio to each SDPA backend in this run (ours / theirs: "
+          "2.0x is twice as slow; - where that backend did not run)")
     head = f"{'shape':>22} {'dtype':5} {'kernel':<30} {'ms':>9} {'TFLOP/s':>8} {'rel_err':>8} " + \
         " ".join(f"{'vs ' + p:>12}" for p in peers)
     print(head)
     print("-" * len(head))
     groups: dict[tuple, list[dict]] = {}
-    for r in rows:
+    for r in fwd:
         groups.setdefault((r["shape"], r["dtype"]), []).append(r)
     notes = []
     for (spec, dtype), rs in groups.items():
@@ -523,6 +1008,58 @@ def print_table(rows: list[dict]) -> None:
             flag = "" if r["passed"] else "  FAIL"
             print(f"{spec:>22} {dtype:5} {r['name']:<30} {r['ms']:9.3f} {r['tflops']:8.2f} "
                   f"{r['rel_err']:8.1e} {ratios}{flag}")
+
+    bwd = [r for r in rows if r.get("phase") in ("bwd", "fwd+bwd") and r["kind"] in ("rung", "sdpa")]
+    if bwd:
+        print("\nBackward: 'bwd' the backward alone, 'fwd+bwd' a forward and a backward; TFLOP/s by "
+              "2.5x and 3.5x the forward's FLOPs; rel_err the largest of dQ's, dK's and dV's; the "
+              "backward's time as a ratio to FlashAttention-2's (SDPA flash) and cuDNN's")
+        head = (f"{'shape':>22} {'dtype':5} {'kernel':<30} {'bwd ms':>9} {'bwd TF/s':>9} "
+                f"{'fwd+bwd ms':>10} {'f+b TF/s':>9} {'rel_err':>8} {'bwd vs flash':>13} {'bwd vs cudnn':>13}")
+        print(head)
+        print("-" * len(head))
+        bgroups: dict[tuple, dict] = {}
+        for r in bwd:
+            bgroups.setdefault((r["shape"], r["dtype"]), {}).setdefault(r["name"], {})[r["phase"]] = r
+        for (spec, dtype), kernels in bgroups.items():
+            peer_bwd = {n[len("sdpa_"):]: ph["bwd"]["ms"] for n, ph in kernels.items()
+                        if n.startswith("sdpa_") and "bwd" in ph and ph["bwd"]["ms"] is not None}
+            for name, ph in kernels.items():
+                b, fb = ph.get("bwd"), ph.get("fwd+bwd")
+                if (b is None or b["ms"] is None) and (fb is None or fb["ms"] is None):
+                    r = b or fb
+                    why = f"skipped: {r['skip']}" if r["skip"] else f"ERROR: {r['error']}"
+                    notes.append(short(f"{spec} {dtype} {name} backward: {why}", 240))
+                    continue
+                cellf = lambda x, f: f % x if x is not None else "-"  # noqa: E731
+                ratio = lambda p: ("%.2fx" % (b["ms"] / peer_bwd[p]))  \
+                    if b and b["ms"] is not None and p in peer_bwd else "-"  # noqa: E731
+                passed = all(x["passed"] is not False for x in (b, fb) if x is not None)
+                err = next((x["rel_err"] for x in (b, fb) if x and x.get("rel_err") is not None), None)
+                print(f"{spec:>22} {dtype:5} {name:<30} {cellf(b and b['ms'], '%.3f'):>9} "
+                      f"{cellf(b and b['tflops'], '%.3g'):>9} {cellf(fb and fb['ms'], '%.3f'):>10} "
+                      f"{cellf(fb and fb['tflops'], '%.3g'):>9} {cellf(err, '%.1e'):>8} "
+                      f"{ratio('flash'):>13} {ratio('cudnn'):>13}" + ("" if passed else "  FAIL"))
+
+    mem = [r for r in rows if r["kind"] == "memory"]
+    if mem:
+        print("\nExtra device memory of one forward+backward against N (B=1, H=16, d=64, bf16; "
+              "beyond inputs, outputs and gradients)")
+        names = list(dict.fromkeys(r["name"] for r in mem))
+        print(f"{'N':>7} " + " ".join(f"{n:>34}" for n in names))
+        for n in sorted({r["seq_q"] for r in mem}):
+            cells = []
+            for name in names:
+                r = next((r for r in mem if r["name"] == name and r["seq_q"] == n), None)
+                if r is None:
+                    cells.append("-")
+                elif r["status"] == "ok":
+                    cells.append(describe_bytes(r["extra_bytes"]))
+                elif r["status"] == "out of memory":
+                    cells.append("out of memory (~" + describe_bytes(r["predicted_extra_bytes"]) + ")")
+                else:
+                    cells.append(r["status"] or "?")
+            print(f"{n:>7} " + " ".join(f"{c:>34}" for c in cells))
     if notes:
         print("\nNot measured:")
         for n in notes:
@@ -545,6 +1082,16 @@ def main(argv=None) -> int:
                     help="stop timing a kernel after this many seconds (at least 3 calls)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every row to this file (a JSON list)")
+    ap.add_argument("--no-backward", dest="backward", action="store_false",
+                    help="forward only: leave out the backward (bwd) and forward+backward (fwd+bwd) "
+                         "rows of the rungs that have a backward pass and of the SDPA backends")
+    ap.add_argument("--memory-sweep", nargs="?", const="also", choices=["also", "only"],
+                    help="also (or, with 'only', instead of the comparison) measure the peak extra "
+                         "device memory of one forward+backward against N: every rung with a backward "
+                         "pass and SDPA's math backend (standard attention), B=1 H=16 d=64 bf16, "
+                         "rows of kind 'memory' in --json (bench/plot.py --memory draws them); GPU only")
+    ap.add_argument("--memory-seqs", default=",".join(str(n) for n in MEMORY_SEQS),
+                    help="the N of --memory-sweep, comma-separated (default 1024,2048,...,65536)")
     ap.add_argument("--in-process", action="store_true",
                     help="measure everything in this process (faster start; a faulting kernel "
                          "then spoils the rest of the run)")
@@ -566,8 +1113,20 @@ def main(argv=None) -> int:
         if p not in SDPA_BACKENDS:
             ap.error(f"unknown SDPA backend '{p}': allowed are {', '.join(SDPA_BACKENDS)}")
     args.rungs = [r.strip() for r in args.rungs.split(",")] if args.rungs else []
+    try:
+        args.memory_seqs = [int(n) for n in args.memory_seqs.split(",") if n.strip()]
+    except ValueError:
+        ap.error(f"--memory-seqs: expected comma-separated integers, got '{args.memory_seqs}'")
+    if not args.memory_seqs or min(args.memory_seqs) < 1:
+        ap.error("--memory-seqs: give at least one N, each at least 1")
+    args.memory_seqs = sorted(set(args.memory_seqs))
+    if args.memory_sweep and args.device != "cuda":
+        ap.error("--memory-sweep measures device memory with torch.cuda's statistics: it needs --device cuda")
+    if args.memory_sweep == "only" and args.shapes and not args.worker:
+        ap.error("--memory-sweep only runs the sweep alone: --shapes would be ignored")
     args.lib = find_library(args.lib)
-    args.shapes_for = {d: args.shapes or default_shapes(d, args.quick, args.device) for d in args.dtype}
+    args.shapes_for = {d: [] if args.memory_sweep == "only" else
+                       args.shapes or default_shapes(d, args.quick, args.device) for d in args.dtype}
 
     # Only the top process keeps the clock: a worker runs the one shape it is given.
     args.deadline = time.time() + args.time_limit if args.time_limit and not args.worker else 0
@@ -587,9 +1146,10 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     failures = 0
 
-    def note(shape: Shape, dtype: str, kind: str, **kw) -> None:
-        r = dict(asdict(shape), shape=shape.spec(), dtype=dtype, kind=kind, name=kind, ms=None,
-                 skip=None, error=None, passed=None)
+    def note(shape: Shape | None, dtype: str, kind: str, **kw) -> None:
+        # shape None: the memory sweep's worker
+        r = dict(asdict(shape) if shape else {}, shape=shape.spec() if shape else "memory sweep",
+                 dtype=dtype, kind=kind, name=kind, ms=None, skip=None, error=None, passed=None)
         r.update(kw)
         with open(rows_out, "a") as f:
             f.write(json.dumps(r) + "\n")
@@ -609,19 +1169,22 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         rows_out = os.path.join(tmp, "rows.jsonl")
-        jobs = [(s, d) for d in args.dtype for s in args.shapes_for[d]]
+        # The memory sweep first: it is short, and a run cut short by --time-limit still has it.
+        jobs = ([(None, MEMORY_DTYPE)] if args.memory_sweep else []) + \
+            [(s, d) for d in args.dtype for s in args.shapes_for[d]]
         if args.in_process:
             args.rows_out = rows_out
             failures += run_worker(args) != 0
         else:
             for shape, dtype in jobs:
+                what = f"{shape.spec()} {dtype}" if shape else "memory sweep"
                 left = args.time_limit - (time.perf_counter() - started) if args.time_limit else None
                 if left is not None and left < 5:
                     note(shape, dtype, "time", skip=f"not started: --time-limit {args.time_limit:.0f} s spent")
                     continue
                 timeout = min(args.worker_timeout, left) if left is not None else args.worker_timeout
                 t0 = time.perf_counter()
-                print(f"[{shape.spec()} {dtype}]", flush=True)
+                print(f"[{what}]", flush=True)
                 before = len(read_rows())
                 try:
                     rc = subprocess.run(worker_command(args, shape, dtype, rows_out),
@@ -645,12 +1208,15 @@ def main(argv=None) -> int:
     if args.json:
         print(f"wrote {len(rows)} rows to {args.json}")
     print_table(rows)
-    bad = [r for r in rows if r["kind"] in ("rung", "reference", "worker")
-           and (r.get("error") or r.get("passed") is False)]
+    # A rung that errs or computes the wrong thing fails the run; a backend that refuses does not,
+    # nor does running out of memory in the memory sweep (standard attention is meant to).
+    bad = [r for r in rows if (r["kind"] in ("rung", "reference", "worker")
+                               and (r.get("error") or r.get("passed") is False))
+           or (r["kind"] == "memory" and r.get("backend") != "torch" and r.get("status") == "error")]
     if bad:
         print(f"\n{len(bad)} rung measurement(s) failed or were wrong:")
         for r in bad:
-            print(f"  {r['shape']} {r['dtype']} {r['name']}: "
+            print(f"  {r['shape']} {r['dtype']} {r.get('phase', '')} {r['name']}: "
                   + (r.get("error") or f"rel_err {r['rel_err']:.2e}, {r['bad']} bad elements"))
     return 1 if bad or failures else 0
 
