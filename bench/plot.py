@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Figures for docs/ from the JSON that ladder_bench writes.
+"""Figures for docs/ from the JSON that ladder_bench and compare_torch.py write.
 
     build/bench/ladder_bench --benchmark_out=results.json --benchmark_out_format=json
     python3 bench/plot.py results.json [more.json ...] [--out docs/figures]
+    python3 bench/compare_torch.py --memory-sweep only --json torch.json
+    python3 bench/plot.py --memory torch.json [--out docs/figures]
 
 For each device found (the CPU twins, and each GPU), it writes:
   tflops_<device>.png        TFLOP/s of every rung against N (d=64, non-causal)
@@ -16,9 +18,17 @@ Only JSON fields are read: each benchmark's counters and its label of key=value 
 ("rung=05_fa2_loop_order device=cuda dtype=fp32 phase=fwd B=1 H=16 N=4096 d=64 causal=0"), never
 the benchmark names or printed text. With repetitions, the median aggregate is used. These figures
 are of the forward (phase=fwd, or no phase in files from before backward benchmarks existed).
+
+--memory FILE reads compare_torch.py's JSON (a list of rows) and draws, from its rows of kind
+"memory" (--memory-sweep), backward_memory.png: the extra device memory of one forward+backward
+against N on log-log axes, one line per rung with a backward pass and one for standard attention
+(SDPA's math backend), with dotted guides of slope N and N² through the first points, the device's
+memory as a horizontal line, and where standard attention ran out of memory its N²-scaled
+prediction as hollow markers on a dashed line. Without such rows it says so and writes nothing.
 """
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -202,12 +212,138 @@ def figure(records, value, ylabel, title, path, logy, zero_note=None, in_bytes=F
     return True
 
 
+def memory_rows(path):
+    """The rows of kind "memory" in compare_torch.py's JSON (a list of rows). A file the GPU suite
+    left as {"error": ...}, or one with no such rows, gives []."""
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, list):
+        return []
+    return [r for r in doc if isinstance(r, dict) and r.get("kind") == "memory" and r.get("seq_q")]
+
+
+def memory_figure(rows, path):
+    """backward_memory.png: extra bytes of one forward+backward against N, log-log. Returns whether
+    a figure was written (False when no row has a number to draw)."""
+    lines = defaultdict(dict)  # name -> N -> row; a later row wins for the same point
+    for r in rows:
+        lines[r["name"]][int(r["seq_q"])] = r
+
+    def value(r):
+        v = r.get("extra_bytes") if r.get("status") == "ok" else r.get("predicted_extra_bytes")
+        return v if isinstance(v, (int, float)) and v > 0 and math.isfinite(v) else None
+
+    if not any(value(r) for pts in lines.values() for r in pts.values()):
+        return False
+    # The rungs first, standard attention last, each in its own colour.
+    names = sorted(lines, key=lambda n: (n.startswith("sdpa_"), n))
+    cmap = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    all_n = sorted({n for pts in lines.values() for n in pts})
+    firsts = {}  # name -> (N, bytes) of its first measured point, for the slope guides
+    oom_any = False
+    zero_names = []
+    for i, name in enumerate(names):
+        color = cmap(i % cmap.N)
+        pts = lines[name]
+        label = "standard attention (SDPA math backend)" if name == "sdpa_math" else name
+        ok = [(n, value(r)) for n, r in sorted(pts.items()) if r.get("status") == "ok" and value(r)]
+        oom = [(n, value(r)) for n, r in sorted(pts.items()) if r.get("status") == "out of memory" and value(r)]
+        if any(r.get("status") == "ok" and not value(r) for r in pts.values()):
+            zero_names.append(label)
+        if ok:
+            ax.plot(*zip(*ok), marker="o", color=color, label=label)
+            firsts[name] = ok[0]
+        if oom:
+            oom_any = True
+            chain = ok[-1:] + oom  # the dashed line continues from the last measured point
+            ax.plot(*zip(*chain), linestyle="--", color=color)
+            ax.plot(*zip(*oom), linestyle="none", marker="o", markerfacecolor="white", color=color,
+                    label=label + ": out of memory (predicted)" if ok else label + " (predicted)")
+    # Guides, drawn an eighth below the first point so they do not hide the data: slope 2 (N², what
+    # storing P costs) under standard attention, slope 1 (N, what FlashAttention's backward keeps)
+    # under the first rung. A line parallel to its guide grows as that power of N.
+    lo, hi = all_n[0], all_n[-1]
+    guides = [("sdpa_math", 2, "slope N²"), (next((n for n in names if not n.startswith("sdpa_")), None), 1, "slope N")]
+    for name, slope, text in guides:
+        if name in firsts:
+            n0, b0 = firsts[name]
+            b0 /= 8
+            ax.plot([lo, hi], [b0 * (lo / n0) ** slope, b0 * (hi / n0) ** slope], linestyle=":",
+                    color="gray", linewidth=1.2)
+            ax.annotate(text, (hi, b0 * (hi / n0) ** slope), textcoords="offset points", xytext=(4, 0),
+                        fontsize=9, color="gray", va="center")
+    total = next((r.get("total_memory_bytes") for r in rows if r.get("total_memory_bytes")), None)
+    if total:
+        ax.axhline(total, color="black", linewidth=0.8)
+        ax.annotate("device memory (%s)" % describe_bytes(float(total)), (hi, total), textcoords="offset points",
+                    xytext=(0, -11), fontsize=8, ha="right")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(all_n)
+    ax.set_xticklabels([str(n) for n in all_n])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_locator(LogLocator(base=2, numticks=14))
+    ax.yaxis.set_major_formatter(FuncFormatter(describe_bytes))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(lo / 1.3, hi * 1.9)  # room for the guides' labels
+    first = rows[0]
+    shape = "B=%s H=%s d=%s, %s" % (first.get("batch", "?"), first.get("heads", "?"), first.get("head_dim", "?"),
+                                    first.get("dtype", "?"))
+    where = ", ".join(x for x in (first.get("device"), str(first.get("date") or "")[:10]) if x)
+    ax.set_title("Extra device memory of one forward + backward (beyond inputs, outputs, gradients)\n"
+                 "%s, Nq = Nk = N; %s" % (shape, where), fontsize=11)
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("peak extra device memory")
+    ax.grid(True, which="major", alpha=0.3)
+    notes = []
+    if oom_any:
+        notes.append("hollow: out of device memory; the point is the last measurement scaled by (N/N0)²")
+    if zero_names:
+        notes.append("no extra memory at some N (not drawn on a log axis): " + ", ".join(zero_names))
+    if notes:
+        fig.text(0.01, 0.01, "\n".join(notes), fontsize=8, va="bottom")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def memory_main(path, out):
+    """backward_memory.png from compare_torch.py's JSON; 0 when written or skipped, 2 on a bad file."""
+    try:
+        rows = memory_rows(path)
+    except (OSError, ValueError) as e:
+        print("plot.py: cannot read %s: %s" % (path, e), file=sys.stderr)
+        return 2
+    target = os.path.join(out, "backward_memory.png")
+    if not rows:
+        print("plot.py: %s has no memory-sweep rows (kind \"memory\": run bench/compare_torch.py "
+              "--memory-sweep); %s not written" % (path, target), file=sys.stderr)
+        return 0
+    os.makedirs(out, exist_ok=True)
+    if not memory_figure(rows, target):
+        print("plot.py: the memory-sweep rows in %s have no number to draw (every one skipped or "
+              "failed); %s not written" % (path, target), file=sys.stderr)
+        return 0
+    print(target)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("json", nargs="+", help="ladder_bench output (--benchmark_out=FILE --benchmark_out_format=json)")
+    ap.add_argument("json", nargs="*", help="ladder_bench output (--benchmark_out=FILE --benchmark_out_format=json)")
+    ap.add_argument("--memory", metavar="TORCH_JSON",
+                    help="compare_torch.py's --json with --memory-sweep rows: draws backward_memory.png")
     ap.add_argument("--out", default="docs/figures", help="folder for the PNG files (default docs/figures)")
     args = ap.parse_args(argv)
+    if not args.json and not args.memory:
+        ap.error("give ladder_bench JSON files, --memory TORCH_JSON, or both")
 
+    status = memory_main(args.memory, args.out) if args.memory else 0
+    if not args.json:
+        return status
     try:
         records = load(args.json)
     except (OSError, ValueError) as e:  # a missing file, or one that is not JSON
@@ -259,7 +395,7 @@ def main(argv=None):
     if not written:
         print("plot.py: nothing to plot (no d=64 non-causal results)", file=sys.stderr)
         return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":
