@@ -10,13 +10,24 @@ DIR holds any of these (tests/gpu_suite.sh writes all three; docs/results/ keeps
                   "rows"}, or several under names ({"default": run, "seq4096_heads16": run})
     bench.json    ladder_bench (bench/ladder_bench.cpp): Google Benchmark's JSON; what ran is read
                   from each benchmark's label (rung=... device=... N=...), numbers from its counters
-    torch.json    bench/compare_torch.py --json: a list of rows, one per kernel and shape, the
-                  ladder's rungs (kind "rung") and PyTorch's SDPA backends (kind "sdpa")
+    torch.json    bench/compare_torch.py --json: a list of rows, one per kernel, shape and phase,
+                  the ladder's rungs (kind "rung") and PyTorch's SDPA backends (kind "sdpa"), each
+                  of phase "fwd", "bwd" (the backward alone) or "fwd+bwd" (rows without a phase,
+                  from before the backward was measured, are "fwd"), and with --memory-sweep the
+                  extra memory of a forward+backward against N (kind "memory")
 
 What it rewrites: the text between a pair of markers, each alone on its line,
 
     <!-- results:NN_name:begin -->  ...  <!-- results:NN_name:end -->   in docs/*.md: one rung
     <!-- gpu-table:begin -->        ...  <!-- gpu-table:end -->         in README.md: every rung
+
+and blocks of one kind of result for one rung (and its versions), NN_name__KIND:
+
+    results:NN_name__bwd_torch    the backward (bwd, fwd+bwd) of the rung beside SDPA's backends,
+                                  with ratios to FlashAttention-2's and cuDNN's (torch.json)
+    results:NN_name__bwd_memory   the extra memory of a forward+backward against N, the rung beside
+                                  standard attention (torch.json's memory sweep), and the figure
+                                  docs/figures/backward_memory.png once bench/plot.py --memory made it
 
 A block is made of parts, one per JSON file (ladder, bench, torch), each headed by the device, the
 date and the command that measured it. A file that is missing (or that a failed stage left as
@@ -36,7 +47,9 @@ import tempfile
 from collections import OrderedDict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("ladder", "bench", "torch", "io")
+PARTS = ("ladder", "bench", "torch", "memory", "io")
+# Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
+BLOCK_KINDS = ("bwd_torch", "bwd_memory")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 DTYPES = ["fp32", "fp16", "bf16"]
 
@@ -264,14 +277,23 @@ def torch_rows(doc) -> list[dict]:
     return [r for r in doc if isinstance(r, dict)]
 
 
+def phase(row: dict) -> str:
+    """A row's phase: "fwd", "bwd" or "fwd+bwd" ("fwd" for rows from before there was a phase)."""
+    return row.get("phase") or "fwd"
+
+
 def torch_command(rows: list[dict]) -> str:
-    dtypes = sorted({r["dtype"] for r in rows if r.get("dtype")}, key=dtype_key)
-    device = "cpu" if all(r.get("device") == "cpu" for r in rows if r.get("kind") == "rung") else None
+    compared = [r for r in rows if r.get("kind") != "memory"]
+    swept = any(r.get("kind") == "memory" for r in rows)
+    dtypes = sorted({r["dtype"] for r in compared if r.get("dtype")}, key=dtype_key)
+    device = "cpu" if all(r.get("device") == "cpu" for r in compared if r.get("kind") == "rung") else None
     args = ["python3", "bench/compare_torch.py"]
     if device:
         args += ["--device", "cpu"]
     if dtypes and dtypes != ["fp32"]:
         args += ["--dtype", ",".join(dtypes)]
+    if swept:
+        args += ["--memory-sweep"] + (["only"] if not compared else [])
     return " ".join(args + ["--json", "torch.json"])
 
 
@@ -355,10 +377,11 @@ def bench_part(records: list[dict], rung: str) -> str:
     return "\n".join(out).strip("\n")
 
 
-def torch_groups(rows: list[dict]) -> "OrderedDict[tuple, list]":
+def torch_groups(rows: list[dict], phases=("fwd",)) -> "OrderedDict[tuple, list]":
+    """The rungs' and SDPA's rows of the given phases, by (shape, dtype), in the order measured."""
     groups: "OrderedDict[tuple, list]" = OrderedDict()
     for r in rows:
-        if r.get("kind") in ("rung", "sdpa") and r.get("shape"):
+        if r.get("kind") in ("rung", "sdpa") and r.get("shape") and phase(r) in phases:
             groups.setdefault((r["shape"], r.get("dtype", "?")), []).append(r)
     return groups
 
@@ -374,7 +397,7 @@ def in_rung(name: str, rung: str) -> bool:
 
 
 def torch_part(rows: list[dict], rung: str) -> str:
-    mine = [r for r in rows if r.get("kind") == "rung" and in_rung(rung_of(r), rung)]
+    mine = [r for r in rows if r.get("kind") == "rung" and in_rung(rung_of(r), rung) and phase(r) == "fwd"]
     versioned = any(rung_of(r) != rung for r in mine)
     if not mine:
         return ""
@@ -437,6 +460,145 @@ def torch_summary_part(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def backward_torch_part(rows: list[dict], rung: str) -> str:
+    """The rung's backward beside SDPA's, one table per dtype: each shape where the rung has a
+    backward row, its rows (each version's) and then each SDPA backend's, with bwd and fwd+bwd times
+    and TFLOP/s, dQ's, dK's and dV's errors, and the times as ratios to FlashAttention-2's (SDPA
+    flash) and cuDNN's in the same run."""
+    groups = torch_groups(rows, phases=("bwd", "fwd+bwd"))
+    peers = ["sdpa_" + p for p, _ in SDPA]
+    notes = Notes()
+    left_out: "OrderedDict[str, list]" = OrderedDict()  # why -> shapes
+    by_dtype: "OrderedDict[str, list]" = OrderedDict()
+    versioned = any(rung_of(r) != rung for rs in groups.values() for r in rs
+                    if r.get("kind") == "rung" and in_rung(rung_of(r), rung))
+    for (shape, dtype), rs in groups.items():
+        kernels: "OrderedDict[str, dict]" = OrderedDict()  # name -> phase -> row
+        for r in rs:
+            kernels.setdefault(r["name"], {})[phase(r)] = r
+        mine = [n for n, ph in kernels.items()
+                if any(x.get("kind") == "rung" for x in ph.values()) and in_rung(n.split(" (")[0], rung)]
+        if not mine:
+            continue
+
+        def ms(name, ph):
+            r = kernels.get(name, {}).get(ph)
+            return r.get("ms") if r else None
+
+        for name in mine + [n for n in peers if n in kernels]:
+            ph = kernels[name]
+            b, fb = ph.get("bwd"), ph.get("fwd+bwd")
+            label = name.split(" (")[0]
+            if name in mine and versioned:
+                label = label[len(rung) + 1:] or label
+            elif name.startswith("sdpa_"):
+                label = dict(SDPA).get(name[5:], name) + " (SDPA)"
+            lead = [shape, label]
+            if all(x is None or x.get("ms") is None for x in (b, fb)):
+                x = b or fb
+                if x.get("skip"):  # does not take this problem (dtype, d, mask): a note, not a row
+                    left_out.setdefault(label + ": " + short(x["skip"], 200), []).append(shape)
+                    continue
+                why = x.get("error") or "not measured"
+                status = "refused" if name.startswith("sdpa_") else "ERROR"
+                by_dtype.setdefault(dtype, []).append(lead + ["-"] * 5 + [status + notes.ref(why)] + ["-"] * 4)
+                continue
+            x = next(x for x in (b, fb) if x is not None and x.get("ms") is not None)
+            errs = " / ".join(sci(x.get(k)) for k in ("dq_rel_err", "dk_rel_err", "dv_rel_err"))
+
+            def ratio(ph_name, peer):
+                mine_ms, theirs = ms(name, ph_name), ms("sdpa_" + peer, ph_name)
+                return "%.2fx" % (mine_ms / theirs) if mine_ms and theirs else "-"
+
+            check = "PASS" if all(y.get("passed") for y in (b, fb) if y is not None and y.get("ms") is not None) \
+                else "FAIL"
+            by_dtype.setdefault(dtype, []).append(lead + [
+                sig3(b.get("ms") if b else None), sig3(b.get("tflops") if b else None),
+                sig3(fb.get("ms") if fb else None), sig3(fb.get("tflops") if fb else None), errs, check,
+                ratio("bwd", "flash"), ratio("bwd", "cudnn"), ratio("fwd+bwd", "flash"), ratio("fwd+bwd", "cudnn")])
+    if not by_dtype:
+        return ""
+    out = ["The backward beside PyTorch's attention kernels %s, each on the same inputs and the same "
+           "random dO in the same run. bwd is the backward alone (the rung's fl_backward on the O and "
+           "lse of its own forward; SDPA's autograd backward on one forward's graph), fwd+bwd a forward "
+           "followed by a backward; TFLOP/s count 2.5x and 3.5x the forward's FLOPs. The errors are "
+           "the relative L2 errors of dQ / dK / dV against an fp64 autograd reference; the ratios are "
+           "times over FlashAttention-2's (SDPA flash) and cuDNN's: 2.00x is twice as slow. Shapes "
+           "are B x H x N x d, c for causal." % torch_header(rows)]
+    for dtype in sorted(by_dtype, key=dtype_key):
+        out += ["", "**%s**" % dtype, ""]
+        out += table(["shape", "version" if versioned else "kernel", "bwd (ms)", "bwd TFLOP/s", "fwd+bwd (ms)",
+                      "fwd+bwd TFLOP/s", "rel err dQ / dK / dV", "check", "bwd vs FA2", "bwd vs cuDNN",
+                      "fwd+bwd vs FA2", "fwd+bwd vs cuDNN"], by_dtype[dtype],
+                     [False, False, True, True, True, True, True, False, True, True, True, True])
+    out += notes.lines()
+    if left_out:
+        out += [""] + ["Not run on %s: %s  " % (", ".join(dict.fromkeys(shapes)), cell(why))
+                       for why, shapes in left_out.items()]
+    return "\n".join(out)
+
+
+def memory_part(rows: list[dict], rung: str, figure: str | None) -> str:
+    """The memory sweep (compare_torch.py --memory-sweep): for each N, the extra device memory of a
+    forward+backward of each of the rung's versions that ran it and of standard attention (SDPA
+    math), where standard attention ran out of memory its predicted need; the figure when there is
+    one (`figure`: its path relative to the page)."""
+    mem = [r for r in rows if r.get("kind") == "memory" and r.get("seq_q")]
+    names = []
+    for r in mem:
+        if r["name"] not in names and (r["name"] == "sdpa_math" or in_rung(rung_of(r), rung)):
+            names.append(r["name"])
+    notes = Notes()
+    # A rung whose every row was skipped (it does not run the sweep's dtype) is a note, not a column.
+    skipped = [n for n in names if n != "sdpa_math" and all(r.get("status") == "skipped" for r in mem if r["name"] == n)]
+    for n in skipped:
+        why = next((r.get("skip") for r in mem if r["name"] == n and r.get("skip")), "skipped")
+        notes.ref("%s: %s" % (n, why))
+    cols = [n for n in names if n not in skipped]
+    if not any(n != "sdpa_math" for n in cols):
+        return ""
+    seqs = sorted({int(r["seq_q"]) for r in mem})
+    body = []
+    for n in seqs:
+        cells = [str(n)]
+        value = {}
+        for name in cols:
+            r = next((r for r in mem if r["name"] == name and int(r["seq_q"]) == n), None)
+            if r is None:
+                cells.append("-")
+            elif r.get("status") == "ok":
+                cells.append(describe_bytes(r.get("extra_bytes")))
+                value[name] = r.get("extra_bytes")
+            elif r.get("status") == "out of memory":
+                cells.append("out of memory (needs ~%s)" % describe_bytes(r.get("predicted_extra_bytes"))
+                             + notes.ref("%s at N=%d: out of device memory; the need is predicted from %s"
+                                         % (name, n, r.get("predicted_from") or "the measured points")))
+                value[name] = r.get("predicted_extra_bytes")
+            else:
+                cells.append("-" + notes.ref("%s at N=%d: %s" % (name, n, r.get("skip") or r.get("error") or
+                                                                   r.get("status") or "not measured")))
+        ours = [value.get(c) for c in cols if c != "sdpa_math"]
+        std = value.get("sdpa_math")
+        predicted = any(r.get("status") == "out of memory" for r in mem if int(r["seq_q"]) == n and r["name"] in cols)
+        cells.append(("~" if predicted else "") + "%.0fx" % (std / ours[0]) if std and ours and ours[0] else "-")
+        body.append(cells)
+    first = mem[0]
+    head = ["N"] + [("standard attention (SDPA math)" if c == "sdpa_math" else rung_of({"name": c})) for c in cols] \
+        + ["standard / %s" % rung_of({"name": next(c for c in cols if c != "sdpa_math")})]
+    out = ["Extra device memory of one forward and backward %s: B=%s H=%s d=%s %s, Nq = Nk = N, beyond "
+           "the inputs, outputs and gradients. For a rung, its workspaces (the peak of PyTorch's "
+           "allocator while fl_forward and fl_backward run; the library allocates nothing else); for "
+           "standard attention, what SDPA's math backend keeps and makes through autograd (S, P and "
+           "their gradients). Where it runs out of device memory, the N^2 prediction from the last N "
+           "it ran." % (torch_header(rows), first.get("batch", "?"), first.get("heads", "?"),
+                        first.get("head_dim", "?"), first.get("dtype", "?")), ""]
+    out += table(head, body, [True] * len(head))
+    out += notes.lines()
+    if figure:
+        out += ["", "![extra device memory of a forward and backward against N](%s)" % figure]
+    return "\n".join(out)
+
+
 # ---- Rewriting the pages ---------------------------------------------------------------------------
 
 def split_parts(body: str) -> dict:
@@ -490,6 +652,10 @@ def check_markers(path: str, text: str):
     if sorted(begins) != sorted(found):
         missing = [b for b in begins if b not in found]
         sys.exit(f"report: {path}: block(s) {', '.join(missing)} have no matching end marker on a line of their own")
+    for name in found:
+        if "__" in name and name.split("__", 1)[1] not in BLOCK_KINDS:
+            sys.exit(f"report: {path}: block {name}: unknown kind '{name.split('__', 1)[1]}' (known: "
+                     f"{', '.join(BLOCK_KINDS)})")
 
 
 def pages(docs_dir: str, readme: str) -> list[str]:
@@ -535,9 +701,16 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
     io_doc = read_json(os.path.join(results, "io.json"))
     runs, records, trows = ladder_runs(ladder_doc), bench_records(bench_doc), torch_rows(torch_doc)
 
-    def fresh_for(rung):
+    def fresh_for(rung, page):
         if rung == "io_model":  # docs/io_model.md: measured beside modelled
             return {"io": io_part(io_doc) if isinstance(io_doc, list) else None}
+        if rung and "__" in rung:  # NN_name__KIND: one kind of result for one rung
+            step, kind = rung.split("__", 1)
+            if kind == "bwd_torch":
+                return {"torch": backward_torch_part(trows, step) if torch_doc is not None else None}
+            figure = os.path.join(docs_dir, "figures", "backward_memory.png")
+            rel = os.path.relpath(figure, os.path.dirname(page)).replace(os.sep, "/") if os.path.exists(figure) else None
+            return {"memory": memory_part(trows, step, rel) if torch_doc is not None else None}
         if rung is None:  # README's gpu-table: every rung
             return {"ladder": ladder_part(runs, None) if ladder_doc is not None else None,
                     "bench": None,
@@ -551,7 +724,7 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
         with open(path, encoding="utf-8") as f:
             text = f.read()
         check_markers(path, text)
-        new, changed = rewrite(text, fresh_for)
+        new, changed = rewrite(text, lambda rung: fresh_for(rung, path))
         rel = os.path.relpath(path, REPO) if os.path.abspath(path).startswith(REPO + os.sep) else path
         if not changed:
             continue
@@ -653,6 +826,66 @@ def self_test(keep: str | None = None) -> int:
         os.remove(os.path.join(res, "bench.json"))
         run(res, docs, rm, False)
         expect(read(chapter) == c2, "a missing file changed its part")
+
+        # The backward blocks (NN_name__bwd_torch, NN_name__bwd_memory): empty until torch.json has
+        # backward and memory rows; the forward tables never show a backward row.
+        bwd_page = os.path.join(docs, "07_x.md")
+        bwd_text = ("# 07\n\n## Measured (written by bench/report.py)\n\n"
+                    "<!-- results:07_x__bwd_torch:begin -->\n<!-- results:07_x__bwd_torch:end -->\n\n"
+                    "<!-- results:07_x__bwd_memory:begin -->\n<!-- results:07_x__bwd_memory:end -->\n")
+        with open(bwd_page, "w", encoding="utf-8") as f:
+            f.write(bwd_text)
+        run(res, docs, rm, False)
+        expect(read(bwd_page) == bwd_text, "backward blocks filled without backward rows:\n" + read(bwd_page))
+        common = {"shape": "1x16x4096x64", "dtype": "bf16", "device": "NVIDIA H100 80GB HBM3",
+                  "date": "2030-01-05T00:00:00+00:00", "torch": "2.11"}
+        grads = {"dq_rel_err": 2e-3, "dk_rel_err": 3e-3, "dv_rel_err": 4e-3, "passed": True}
+        bwd_rows = [
+            dict(common, kind="rung", name="07_x (cuda)", phase="fwd", ms=1.0, tflops=300, rel_err=2e-3, passed=True),
+            dict(common, kind="rung", name="07_x (cuda)", phase="bwd", ms=4.0, tflops=200, **grads),
+            dict(common, kind="rung", name="07_x (cuda)", phase="fwd+bwd", ms=5.0, tflops=210, **grads),
+            dict(common, kind="rung", name="07_x/v2 (cuda)", phase="bwd", ms=None, error="boom", passed=False),
+            dict(common, kind="rung", name="07_x/v2 (cuda)", phase="fwd+bwd", ms=None, error="boom", passed=False),
+            dict(common, kind="sdpa", name="sdpa_flash", phase="bwd", ms=2.0, tflops=400, **grads),
+            dict(common, kind="sdpa", name="sdpa_flash", phase="fwd+bwd", ms=2.5, tflops=420, **grads),
+            dict(common, kind="sdpa", name="sdpa_cudnn", phase="bwd", ms=1.0, tflops=800, **grads),
+            dict(common, kind="sdpa", name="sdpa_cudnn", phase="fwd+bwd", ms=1.25, tflops=840, **grads),
+            dict(common, kind="sdpa", name="sdpa_math", phase="bwd", ms=None, error="refused | why"),
+            dict(common, kind="sdpa", name="sdpa_math", phase="fwd+bwd", ms=None, error="refused | why")]
+        mem = {"kind": "memory", "phase": "fwd+bwd", "dtype": "bf16", "batch": 1, "heads": 16, "head_dim": 64,
+               "device": "NVIDIA H100 80GB HBM3", "date": "2030-01-05T00:00:00+00:00"}
+        mem_rows = [dict(mem, name="07_x (cuda)", seq_q=1024, status="ok", extra_bytes=2 ** 20),
+                    dict(mem, name="sdpa_math", seq_q=1024, status="ok", extra_bytes=2 ** 30),
+                    dict(mem, name="07_x (cuda)", seq_q=2048, status="ok", extra_bytes=2 ** 21),
+                    dict(mem, name="sdpa_math", seq_q=2048, status="out of memory", predicted_extra_bytes=2 ** 32,
+                         predicted_from="N=1024 measured x (N/1024)^2"),
+                    dict(mem, name="07_y (cuda)", seq_q=1024, status="ok", extra_bytes=1)]
+        with open(os.path.join(res, "torch.json"), "w") as f:
+            json.dump(torch_json + bwd_rows + mem_rows, f)
+        run(res, docs, rm, False)
+        b = read(bwd_page)
+        expect("| 1x16x4096x64 | 07_x | 4.00 | 200 | 5.00 | 210 | 2.0e-03 / 3.0e-03 / 4.0e-03 | PASS | 2.00x | "
+               "4.00x | 2.00x | 4.00x |" in b, "backward table wrong:\n" + b)
+        expect("| 1x16x4096x64 | v2 | - | - | - | - | - | ERROR [" in b and "refused [" in b and "refused \\| why" in b,
+               "backward errors and refusals missing:\n" + b)
+        expect("--memory-sweep --json torch.json" in b, "command without --memory-sweep:\n" + b)
+        expect("| 1024 | 1.00 MiB | 1.00 GiB | 1024x |" in b and "out of memory (needs ~4.00 GiB)" in b
+               and "~2048x" in b and "07_y" not in b, "memory table wrong:\n" + b)
+        expect("backward_memory.png" not in b, "a link to a figure that does not exist")
+        os.makedirs(os.path.join(docs, "figures"))
+        open(os.path.join(docs, "figures", "backward_memory.png"), "wb").close()
+        run(res, docs, rm, False)
+        expect("](figures/backward_memory.png)" in read(bwd_page), "figure link missing")
+        c3 = read(chapter)
+        expect("| 1x16x4096x64 | fp32 | 3.00 | 22.9 | 3.0e-07 | PASS | - | - | - | 2.00x |" in c3 and "07_x" not in c3
+               and c3.count("| 1x16x4096x64 |") == 1, "backward or memory rows reached a forward block:\n" + c3)
+        with open(bwd_page, "a", encoding="utf-8") as f:
+            f.write("<!-- results:07_x__nonsense:begin -->\n<!-- results:07_x__nonsense:end -->\n")
+        try:
+            run(res, docs, rm, True)
+            failures.append("an unknown block kind was accepted")
+        except SystemExit as e:
+            expect("unknown kind 'nonsense'" in str(e), "unknown kind message: %s" % e)
         if keep:
             shutil.copytree(tmp, keep, dirs_exist_ok=True)
     if failures:

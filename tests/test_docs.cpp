@@ -379,7 +379,8 @@ TEST(Docs, EveryRungHasItsChapter) {
 
 // bench/report.py rewrites what lies between these markers, each alone on its line (a marker
 // quoted in prose is not one); an unbalanced pair would make it refuse the page. Every begin has
-// its end, and a rung's block names a rung that exists.
+// its end, and a rung's block names a rung that exists (a block of one kind of result for a rung,
+// NN_name__KIND, by the part before "__").
 TEST(Docs, ResultMarkersArePaired) {
   static const std::regex marker(R"(^\s*<!--\s*(results:([A-Za-z0-9_]+)|gpu-table):(begin|end)\s*-->\s*$)");
   std::vector<std::string> bad;
@@ -395,8 +396,9 @@ TEST(Docs, ResultMarkersArePaired) {
       if (what == "begin") {
         if (!open.empty()) bad.push_back(page + ": " + name + " begins inside " + open.back());
         open.push_back(name);
-        if (!rung.empty() && !fs::is_directory(kRoot / "steps" / rung) && !fs::exists(kRoot / "docs" / (rung + ".md")))
-          bad.push_back(page + ": block " + name + " names no rung directory steps/" + rung);
+        const std::string step = rung.substr(0, rung.find("__"));
+        if (!step.empty() && !fs::is_directory(kRoot / "steps" / step) && !fs::exists(kRoot / "docs" / (step + ".md")))
+          bad.push_back(page + ": block " + name + " names no rung directory steps/" + step);
       } else if (open.empty() || open.back() != name) {
         bad.push_back(page + ": " + name + ":end without its begin");
       } else {
