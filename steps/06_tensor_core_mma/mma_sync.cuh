@@ -68,6 +68,11 @@ __device__ inline void cp_async_16(void* smem, const void* gmem, bool valid) {
   const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(valid ? 16 : 0));
 }
+// The same for 4 bytes (cp.async.ca: through L1; 16 bytes is the only size .cg takes).
+__device__ inline void cp_async_4(void* smem, const void* gmem, bool valid) {
+  const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(addr), "l"(gmem), "r"(valid ? 4 : 0));
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ inline void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }

@@ -124,7 +124,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   T* Qs = Vs + BC * D;                      // [2][BR][D]  two buffers: step s+1 loads during step s
   T* dOs = Qs + 2 * BR * D;                 // [2][BR][D]
   T* dSs = dOs + 2 * BR * D;                // [BC][BR]    dSᵀ of the step, for dQ
-  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR] L·log2(e); +∞ where P must be 0
+  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR] L, natural log
   float* Ds = Ls + 2 * BR;                               // [2][BR]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -147,10 +147,11 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     const int valid = int(std::min(int64_t(BR), nq - i0));
     load_tile<T, D, kThreads>(Qs + buf * BR * D, q + row0 * D, BR, valid);
     load_tile<T, D, kThreads>(dOs + buf * BR * D, dout + row0 * D, BR, valid);
-    for (int r = threadIdx.x; r < BR; r += kThreads) {  // padding rows and rows that saw no key: P = 0
-      const float l = r < valid ? lse[row0 + r] : -INFINITY;
-      Ls[buf * BR + r] = l == -INFINITY ? INFINITY : l * kLog2e;
-      Ds[buf * BR + r] = r < valid ? Dsum[row0 + r] : 0.f;
+    // L and D too go by cp.async, so no thread waits for them mid-step. Padding rows get L = D = 0:
+    // their Q and dO rows are zeros, so their P = 1 meets dP = D = 0 and dO = 0 and adds nothing.
+    for (int r = threadIdx.x; r < BR; r += kThreads) {
+      cp_async_4(Ls + buf * BR + r, lse + row0 + (r < valid ? r : 0), r < valid);
+      cp_async_4(Ds + buf * BR + r, Dsum + row0 + (r < valid ? r : 0), r < valid);
     }
   };
 
@@ -227,9 +228,11 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     for (int n = 0; n < BR / 8; ++n) {
       const float2 l = *reinterpret_cast<const float2*>(Lb + 8 * n + 2 * t);
       const float2 dd = *reinterpret_cast<const float2*>(Db + 8 * n + 2 * t);
+      // L in log2 units; a row that saw no key (L = −∞) gets +∞, so its P is 0, not 2^(−∞+∞).
+      const float lx = l.x == -INFINITY ? INFINITY : l.x * kLog2e, ly = l.y == -INFINITY ? INFINITY : l.y * kLog2e;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = fast_exp2(fmaf(st[n][e], scale_log2, -(e % 2 ? l.y : l.x)));
+        const float p = fast_exp2(fmaf(st[n][e], scale_log2, -(e % 2 ? ly : lx)));
         st[n][e] = p;
         dpt[n][e] = p * (dpt[n][e] - (e % 2 ? dd.y : dd.x));
       }
@@ -276,7 +279,10 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 #pragma unroll
     for (int chunk = 0; chunk < C::kDqCols / C::kDqChunk; ++chunk) {
       constexpr int NT = C::kDqChunk / 8;  // n8 tiles per chunk
-      float dq[NT][4] = {};
+      // With few tiles, even and odd k-steps add into separate accumulators, so that consecutive
+      // mma do not wait on each other's result.
+      constexpr int kSplit = NT < 8 ? 2 : 1;
+      float dq[kSplit][NT][4] = {};
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
         uint32_t a[4];
@@ -286,14 +292,18 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
           uint32_t bk[4];
           const int c = col0 + C::kDqChunk * chunk + 16 * cp + 8 * (lane / 16);
           ldmatrix_x4_trans(bk, Ks + swz<D>(16 * kk + lane % 8 + 8 * ((lane / 8) % 2), c));
-          mma_16816<T>(dq[2 * cp], a, bk[0], bk[1]);
-          mma_16816<T>(dq[2 * cp + 1], a, bk[2], bk[3]);
+          mma_16816<T>(dq[kk % kSplit][2 * cp], a, bk[0], bk[1]);
+          mma_16816<T>(dq[kk % kSplit][2 * cp + 1], a, bk[2], bk[3]);
         }
       }
 #pragma unroll
       for (int c = 0; c < NT; ++c) {
-        if (row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[c][0], dq[c][1]);
-        if (row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[c][2], dq[c][3]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int sp = 1; sp < kSplit; ++sp) dq[0][c][e] += dq[sp][c][e];
+        if (row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[0][c][0], dq[0][c][1]);
+        if (row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
       }
     }
   }
