@@ -13,7 +13,8 @@
 //
 // Rungs with a backward pass (Capabilities::backward) get a second table below the first: the
 // backward's median time alone and that of a forward followed by a backward, TFLOP/s by the same
-// convention (2.5× and 3.5× the forward's FLOPs), the extra memory the backward needs, and the
+// convention (2.5× and 3.5× the forward's FLOPs), its modelled IO (Rung::modelled_backward_io, where
+// the rung gives one), the extra memory the backward needs, and the
 // relative L2 errors of dQ, dK and dV against the fp64 oracle's backward. That oracle holds whole
 // N×N matrices, so on a large problem the gradients are checked on a smaller one (one group of
 // heads, shorter sequences: bench::backward_check_shape) while the times are of the problem asked
@@ -425,6 +426,7 @@ struct BackwardRow {
   AttentionShape shape;                     // the problem timed: the ladder's, or smaller for a twin
   AttentionShape check_shape;               // the problem the gradients are checked on
   double bwd_ms = kNaN, fwd_bwd_ms = kNaN;  // medians: the backward alone; a forward then a backward
+  IoModel io{kNaN, kNaN};                   // the backward's modelled IO (NaN: the rung gives none)
   double extra_bytes = kNaN;                // the backward's workspace
   double fwd_bwd_extra_bytes = kNaN;        // the forward's and the backward's workspaces
   double counted_io = kNaN;                 // CPU twins: bytes the backward moved
@@ -458,6 +460,7 @@ BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, con
     row.refused = true;
     return skip(e.what());
   }
+  row.io = r.modelled_backward_io(row.shape, p.dtype);
   row.extra_bytes = double(r.backward_workspace_bytes(row.shape, p.dtype));
   row.fwd_bwd_extra_bytes = double(r.workspace_bytes(row.shape, p.dtype)) + row.extra_bytes;
   if (const std::string out = twin_sits_out(r, p, opt); !out.empty()) return skip(out);
@@ -555,8 +558,9 @@ void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p
   const AttentionShape& s = p.shape;
   os << "\nBackward pass of the rungs that have one: dQ, dK, dV from Q, K, V, O, lse and a random dO. "
      << "'bwd' is the backward alone (on the O and lse of the rung's own forward), 'fwd+bwd' a forward "
-     << "followed by a backward; TFLOP/s count 2.5x and 3.5x the forward's FLOPs. Extra memory is "
-     << "the backward's workspace. The rel errs are of dQ, dK, dV against the fp64 oracle's backward.\n";
+     << "followed by a backward; TFLOP/s count 2.5x and 3.5x the forward's FLOPs. Modelled IO is the "
+     << "backward's closed-form traffic (- where the rung gives none), extra memory its workspace. The "
+     << "rel errs are of dQ, dK, dV against the fp64 oracle's backward.\n";
   // Say where a row's problem is not the one above, and why.
   std::vector<std::string> said;
   for (const BackwardRow& r : rows) {
@@ -578,8 +582,8 @@ void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p
   }
   os << '\n';
   Table t({"rung", "device", "dtype", "bwd (ms)", "bwd TFLOP/s", "fwd+bwd (ms)", "fwd+bwd TFLOP/s",
-           "extra memory", "rel err dQ", "rel err dK", "rel err dV", "check"},
-          {false, false, false, true, true, true, true, true, true, true, true, false});
+           "modelled IO", "extra memory", "rel err dQ", "rel err dK", "rel err dV", "check"},
+          {false, false, false, true, true, true, true, true, true, true, true, true, false});
   Notes notes;
   for (const BackwardRow& r : rows) {
     std::string check = status_name(r.status);
@@ -588,6 +592,7 @@ void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p
     t.add({r.rung->name(), r.device, dtype_name(p.dtype), std::isfinite(r.bwd_ms) ? sig3(r.bwd_ms) : "-",
            tflops(r.shape.flops_backward(), r.bwd_ms), std::isfinite(r.fwd_bwd_ms) ? sig3(r.fwd_bwd_ms) : "-",
            tflops(3.5 * r.shape.flops_forward(), r.fwd_bwd_ms),
+           std::isfinite(r.io.total()) ? describe_bytes(r.io.total()) : "-",
            std::isfinite(r.extra_bytes) ? describe_bytes(r.extra_bytes) : "-",
            checked ? error_cell(r.check->dq) : "-", checked ? error_cell(r.check->dk) : "-",
            checked ? error_cell(r.check->dv) : "-", check});
@@ -658,7 +663,8 @@ void write_json(const std::string& path, const std::vector<Row>& rows,
         .num("flops_backward", 2.5 * f).num("flops_forward_backward", 3.5 * f).num("bwd_time_ms", r.bwd_ms)
         .num("bwd_tflops", 2.5 * f / (r.bwd_ms * 1e-3) / 1e12).num("fwd_bwd_time_ms", r.fwd_bwd_ms)
         .num("fwd_bwd_tflops", 3.5 * f / (r.fwd_bwd_ms * 1e-3) / 1e12)
-        .num("counted_bytes", r.counted_io).num("extra_bytes", r.extra_bytes)
+        .num("modelled_read_bytes", r.io.read).num("modelled_written_bytes", r.io.written)
+        .num("modelled_bytes", r.io.total()).num("counted_bytes", r.counted_io).num("extra_bytes", r.extra_bytes)
         .num("fwd_bwd_extra_bytes", r.fwd_bwd_extra_bytes);
     if (r.check)
       o.raw("dq", error_json(r.check->dq).dump("    ")).raw("dk", error_json(r.check->dk).dump("    "))

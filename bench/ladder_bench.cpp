@@ -33,11 +33,14 @@
 // fwd+bwd> B=.. H=.. N=.. d=.. causal=..", which a benchmark that reports an error (out of memory,
 // failed check) keeps; never from the name. TFLOP/s counts the FLOPs of shared/anchors.md: the
 // forward's, 2.5× them for bwd, 3.5× for fwd+bwd. extra_bytes is the rung's workspace: the
-// forward's (fwd), the backward's (bwd), both (fwd+bwd). rel_err is O's (fwd) or the largest of
+// forward's (fwd), the backward's (bwd), both (fwd+bwd). modelled_bytes and GB/s are the rung's
+// closed-form traffic (Rung::modelled_io, and modelled_backward_io where the rung gives one; left
+// out where it does not). rel_err is O's (fwd) or the largest of
 // dQ's, dK's and dV's (bwd, fwd+bwd; each also in rel_err_dq, rel_err_dk, rel_err_dv).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iostream>
@@ -401,6 +404,14 @@ void attention_benchmark(benchmark::State& state, const Case& c) {
     const double bwd_ws = double(c.rung->backward_workspace_bytes(s, c.dtype));
     const double flops = (c.phase == Phase::Bwd ? 2.5 : 3.5) * s.flops_forward();
     state.counters["TFLOP/s"] = flops / per_call / 1e12;
+    // Modelled bytes where the rung gives a closed form for its backward (a NaN counter would make
+    // Google Benchmark's JSON unreadable): the backward's, plus the forward's for fwd+bwd.
+    const double io = c.rung->modelled_backward_io(s, c.dtype).total() +
+                      (c.phase == Phase::FwdBwd ? c.rung->modelled_io(s, c.dtype).total() : 0.0);
+    if (std::isfinite(io)) {
+      state.counters["modelled_bytes"] = C(io, C::kDefaults, C::kIs1024);
+      state.counters["GB/s"] = io / per_call / 1e9;
+    }
     state.counters["extra_bytes"] = C(c.phase == Phase::Bwd ? bwd_ws : fwd_ws + bwd_ws, C::kDefaults, C::kIs1024);
     state.counters["rel_err_dq"] = f.rel_err_dq;
     state.counters["rel_err_dk"] = f.rel_err_dk;

@@ -457,7 +457,8 @@ fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dtype dty
       require_workspace(r, s, t, need, workspace, workspace_bytes, "fl_backward_workspace_bytes");
     a.workspace = own.get(workspace, need);
     r.backward(s, t, a);
-    report_io(io, counted, nullptr);
+    const fl::IoModel model = r.modelled_backward_io(s, t);  // NaN where the rung has no closed form
+    report_io(io, counted, &model);
   });
 }
 

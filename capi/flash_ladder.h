@@ -76,8 +76,10 @@ typedef enum fl_status {
 } fl_status;
 
 /* Bytes a CPU twin moved between its "device memory" arrays and its on-chip blocks (the IO model),
- * and the closed form the rung's algorithm predicts for the same problem. The rung interface has
- * no closed form for the backward pass yet, so fl_backward_host leaves the modelled fields NaN. */
+ * and the closed form the rung's algorithm predicts for the same problem: of the forward pass from
+ * fl_forward_host, of the backward pass from fl_backward_host (the rung's modelled backward IO,
+ * Rung::modelled_backward_io). Where a rung gives a closed form, the counted bytes equal it; a rung
+ * that gives none for its backward leaves the modelled fields NaN. */
 typedef struct fl_io {
   uint64_t read_bytes;        /* counted by the twin */
   uint64_t written_bytes;
@@ -154,6 +156,8 @@ FL_API fl_status fl_backward(const char* rung, const fl_shape* shape, fl_dtype d
                              const void* q, const void* k, const void* v, const void* o,
                              const float* lse, const void* dout, void* dq, void* dk, void* dv,
                              void* workspace, size_t workspace_bytes, void* cuda_stream);
+/* io, if not NULL, receives the bytes the twin's backward moved and the rung's modelled backward
+ * bytes (NaN where the rung has no closed form for its backward). */
 FL_API fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dtype dtype,
                                   const void* q, const void* k, const void* v, const void* o,
                                   const float* lse, const void* dout, void* dq, void* dk, void* dv,

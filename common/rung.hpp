@@ -7,6 +7,7 @@
 // in the project lists the rungs.
 #pragma once
 
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -76,6 +77,11 @@ class Rung {
   // Bytes its algorithm moves between device memory and on-chip memory (closed form). A CPU
   // twin's counted traffic equals this exactly; tests pin it.
   virtual IoModel modelled_io(const AttentionShape&, DType) const = 0;
+  // The same for the backward pass of a rung that has one. NaN (the default) where the rung gives
+  // no closed form for it; where it does, its twin's counted backward traffic equals it.
+  virtual IoModel modelled_backward_io(const AttentionShape&, DType) const {
+    return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
+  }
 
   // Computes O and lse. Call check() first (the harness and the C ABI do).
   virtual void forward(const AttentionShape&, DType, const ForwardArgs&) const = 0;

@@ -36,6 +36,10 @@ fl::AttentionShape cpp_shape(const fl_shape& c) {
   return s;
 }
 
+fl::DType cpp_dtype(fl_dtype t) {
+  return t == FL_FP32 ? fl::DType::F32 : t == FL_FP16 ? fl::DType::F16 : fl::DType::BF16;
+}
+
 struct Listed {
   std::string name, backend;
 };
@@ -245,6 +249,62 @@ TEST(CApi, BackwardIsRefusedByRungsWithoutOne) {
   }
 }
 
+// ---- Backward on the CPU twins ------------------------------------------------------------------
+
+// Every twin with a backward pass, in every dtype and head dim it runs it in: gradients against the
+// fp64 oracle's backward (on NaN-poisoned outputs), and the io it reports: bytes counted, and the
+// rung's modelled backward bytes, which equal them exactly where the rung gives a closed form and
+// are NaN (both fields) where it gives none.
+TEST(CApi, HostBackwardOfEveryTwinMatchesTheOracleAndReportsIo) {
+  const uint64_t seed = 20240612;
+  const std::vector<fl_shape> shapes = {
+      c_shape(2, 4, 2, 33, 70, 64, true),    // GQA 2:1, B·H = 8, ragged, Nq < Nk causal
+      c_shape(1, 2, 2, 70, 33, 64, true),    // Nq > Nk causal: rows 0..36 see no key
+      c_shape(1, 2, 1, 40, 40, 128, false),  // d = 128, GQA
+  };
+  int ran = 0;
+  for (int i = 0; i < fl_rung_count(); ++i) {
+    if (!fl_rung_has_backward(i) || std::string(fl_rung_backend(i)) != "cpu") continue;
+    const std::string rung = fl_rung_name(i);
+    for (const fl_shape& c : shapes)
+      for (fl_dtype dt : {FL_FP32, FL_FP16, FL_BF16}) {
+        size_t ws_bytes = 0;  // refused: a dtype or head dim this rung's backward does not run
+        if (fl_backward_workspace_bytes(rung.c_str(), "cpu", &c, dt, &ws_bytes) != FL_OK) continue;
+        const fl::AttentionShape s = cpp_shape(c);
+        const fl::DType t = cpp_dtype(dt);
+        SCOPED_TRACE(rung + " " + s.str() + " " + fl::dtype_name(t) + " seed=" + std::to_string(seed));
+        const fl::Inputs in = fl::make_inputs(s, t, seed);
+        const fl::BackwardInputs bin = fl::make_backward_inputs(s, t, in, seed + 1);
+        const auto q = fl::to_storage(in.q, t), k = fl::to_storage(in.k, t), v = fl::to_storage(in.v, t),
+                   o = fl::to_storage(bin.o, t), dout = fl::to_storage(bin.dout, t);
+        auto dq = fl::to_storage(std::vector<float>(s.q_elems(), kNaN), t);
+        auto dk = fl::to_storage(std::vector<float>(s.kv_elems(), kNaN), t);
+        auto dv = fl::to_storage(std::vector<float>(s.kv_elems(), kNaN), t);
+        fl_io io{};
+        ASSERT_EQ(fl_backward_host(rung.c_str(), &c, dt, q.data(), k.data(), v.data(), o.data(), bin.lse.data(),
+                                   dout.data(), dq.data(), dk.data(), dv.data(), nullptr, 0, &io),
+                  FL_OK)
+            << fl_last_error();
+        EXPECT_STREQ(fl_last_error(), "");
+        const fl::ReferenceBackward ref =
+            fl::reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+        const fl::BackwardCheck check = fl::check_backward(
+            t, fl::BackwardOutputs{fl::from_storage(dq, t), fl::from_storage(dk, t), fl::from_storage(dv, t)}, ref);
+        EXPECT_TRUE(check.pass) << check.str();
+        EXPECT_GT(io.read_bytes, 0u);
+        EXPECT_GT(io.written_bytes, 0u);
+        EXPECT_EQ(std::isnan(io.modelled_read_bytes), std::isnan(io.modelled_written_bytes))
+            << io.modelled_read_bytes << " " << io.modelled_written_bytes;
+        if (!std::isnan(io.modelled_read_bytes)) {  // the IO model's promise, as for the forward
+          EXPECT_EQ(double(io.read_bytes), io.modelled_read_bytes);
+          EXPECT_EQ(double(io.written_bytes), io.modelled_written_bytes);
+        }
+        ++ran;
+      }
+  }
+  EXPECT_GT(ran, 0) << "no CPU twin with a backward pass ran (fl_rung_has_backward is 0 for every twin?)";
+}
+
 TEST(CApi, DeviceEntryPointNamesWhatIsMissing) {
   if (fl_cuda_available()) GTEST_SKIP() << "a GPU is present; GpuForward covers the device path";
   const std::string why = fl_last_error();
@@ -261,10 +321,6 @@ TEST(CApi, DeviceEntryPointNamesWhatIsMissing) {
 // ---- Forward on the GPU kernels -----------------------------------------------------------------
 
 #if FLASH_LADDER_HAS_CUDA
-fl::DType cpp_dtype(fl_dtype t) {
-  return t == FL_FP32 ? fl::DType::F32 : t == FL_FP16 ? fl::DType::F16 : fl::DType::BF16;
-}
-
 // One problem in device memory: inputs rounded to the dtype, outputs poisoned (NaN).
 struct DeviceProblem {
   fl_shape shape;
