@@ -82,6 +82,7 @@ class BackwardRung final : public Rung {
   std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override {
     return backward::workspace_bytes(s, P);
   }
+  IoModel modelled_backward_io(const AttentionShape& s, DType t) const override { return io_model(s, t); }
   IoModel modelled_io(const AttentionShape& s, DType t) const override {
     if constexpr (P == Precision::Fp32) return fa2::io_model(s);
     else return tensor_core_mma::io_model(s, t, tensor_core_mma::tiling(kMmaForward, s.head_dim));
