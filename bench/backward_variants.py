@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     table: dict[str, dict[str, str]] = {}
     for v in variants:
         mine = [r for r in rows if r["variant"] == v and r.get("phase") == "bwd"]
-        fa2 = {r["shape"]: r for r in mine if r["kind"] == "sdpa" and r["name"] == "flash" and r.get("ms")}
+        fa2 = {r["shape"]: r for r in mine if r["kind"] == "sdpa" and r["name"] in ("sdpa_flash", "flash") and r.get("ms")}
         for r in mine:
             if r["kind"] != "rung":
                 continue
