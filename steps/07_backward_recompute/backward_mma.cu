@@ -7,13 +7,14 @@
 // the work is split so that as little as possible leaves registers:
 //
 //   Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ are computed transposed, so warp w owns keys 16w..16w+15 of
-//   both as C fragments. Pᵀ and dSᵀ, formed in place, are then in the A layout of
+//   the block (8 warps, 128 keys, in the default variant) of both as C fragments. Pᵀ and dSᵀ, formed in place, are then in the A layout of
 //   dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i (the C-is-A trick of rung 06, on the key side): P never
 //   touches shared memory, and dK_j, dV_j of the warp's 16 keys accumulate in its registers.
 //
-//   dQ_i += dS K_j needs dS by query rows, which four warps hold in pieces: dSᵀ goes to shared
-//   memory once (16 bits), and warp w multiplies query rows 16w..16w+15 of it by K_j, reading it
-//   back with ldmatrix.trans, and adds the result to an fp32 accumulator with float2 atomics.
+//   dQ_i += dS K_j needs dS by query rows, which the warps hold in pieces: dSᵀ goes to shared
+//   memory once (16 bits), and warp w multiplies query rows 16·(w mod 4)..+15 of it (with 8 warps,
+//   for half of d's columns) by K_j, reading it back with ldmatrix.trans, and adds the result to
+//   an fp32 accumulator with float2 atomics.
 //
 // Three kernels: `preprocess_mma_kernel` (D = rowsum(dO ∘ O), and zeroes the accumulator),
 // `backward_mma_kernel`, and `convert_dq_kernel` (dQ = scale · accumulator, in the dtype).
