@@ -2,8 +2,11 @@
 // mma.sync.m16n8k16 fragment layouts the kernel indexes through are checked here on the CPU, so
 // CI catches a wrong lane ↔ element map without a GPU.
 #include <set>
+#include <string>
+#include <vector>
 
 #include "../steps/06_tensor_core_mma/mma_layout.hpp"
+#include "../steps/06_tensor_core_mma/swizzle.hpp"
 #include "../steps/06_tensor_core_mma/tensor_core_mma.hpp"
 #include "conformance_tests.hpp"
 
@@ -11,11 +14,12 @@ namespace fl::testing {
 namespace {
 
 // Every version, each on its own: the road to speed must stay correct at every step.
-INSTANTIATE_TEST_SUITE_P(Rung06, RungConformance,
-                         ::testing::Values(tensor_core_mma::kVersions[0].name, tensor_core_mma::kVersions[1].name,
-                                           tensor_core_mma::kVersions[2].name, tensor_core_mma::kVersions[3].name,
-                                           tensor_core_mma::kVersions[4].name, tensor_core_mma::kVersions[5].name,
-                                           tensor_core_mma::kVersions[6].name),
+std::vector<std::string> version_names() {
+  std::vector<std::string> names;
+  for (const tensor_core_mma::VersionInfo& v : tensor_core_mma::kVersions) names.emplace_back(v.name);
+  return names;
+}
+INSTANTIATE_TEST_SUITE_P(Rung06, RungConformance, ::testing::ValuesIn(version_names()),
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            return p.param.substr(p.param.find('/') + 1);  // "v1_mma", a valid test name
                          });
@@ -69,6 +73,53 @@ TEST(MmaLayout, TwoCTilesSideBySideAreOneATile) {
 
 // The numerics twin rounds where the kernel does, so its fp16 error is about a tenth of its bf16
 // error (10 against 7 mantissa bits), and both sit well inside the dtype's tolerance.
+// v8's precomputed ldmatrix addresses (swizzle.hpp) land exactly where swz puts the element each
+// lane must point at, for every lane, every piece of a 128-row tile and tiles at several
+// 128-byte-aligned addresses.
+template <int LD>
+void expect_lane_rows_match_swz() {
+  for (uint32_t tile : {0u, 128u, 4096u + 256u, 65536u + 1920u})
+    for (int lane = 0; lane < 32; ++lane) {
+      const mma::LaneRow<LD> a = mma::a_pattern<LD>(lane), b = mma::b_pattern<LD>(lane);
+      for (int r0 = 0; r0 < 128; r0 += 8)
+        for (int c0 = 0; c0 < LD; c0 += 16) {
+          const uint32_t want_a = tile + 2 * mma::swz<LD>(r0 + lane % 16, c0 + 8 * (lane / 16));
+          const uint32_t want_b = tile + 2 * mma::swz<LD>(r0 + lane % 8 + 8 * (lane / 16), c0 + 8 * (lane / 8 % 2));
+          ASSERT_EQ(a.at(tile, r0, c0), want_a) << "LD " << LD << " lane " << lane << " (" << r0 << "," << c0 << ")";
+          ASSERT_EQ(b.at(tile, r0, c0), want_b) << "LD " << LD << " lane " << lane << " (" << r0 << "," << c0 << ")";
+        }
+    }
+}
+TEST(Swizzle, PrecomputedLdmatrixAddressesMatchTheLayout) {
+  expect_lane_rows_match_swz<64>();
+  expect_lane_rows_match_swz<128>();
+}
+
+// v8's cp.async shares (TileCopyOffsets): every 16-byte chunk of the tile is copied exactly once,
+// from its place in global memory to its swizzled place in shared memory.
+template <int D, int kThreads, int kRows>
+void expect_tile_copy_covers_the_tile() {
+  using C = mma::TileCopyOffsets<D, kThreads>;
+  std::set<int> seen;
+  for (int tid = 0; tid < kThreads; ++tid) {
+    const C c(tid);
+    for (int i = 0; i < kRows / C::kRowStep; ++i) {
+      const int src = c.src_at(i), row = src / D, col = src % D;
+      ASSERT_EQ(col % 8, 0);
+      ASSERT_LT(row, kRows);
+      EXPECT_EQ(c.dst_at(i), uint32_t(2 * mma::swz<D>(row, col))) << "D " << D << " thread " << tid << " pass " << i;
+      EXPECT_TRUE(seen.insert(src).second) << "chunk (" << row << "," << col << ") copied twice";
+    }
+  }
+  EXPECT_EQ(int(seen.size()), kRows * D / 8) << "D " << D << " threads " << kThreads;
+}
+TEST(Swizzle, TileCopyCoversEveryChunkOnceAtItsSwizzledPlace) {
+  expect_tile_copy_covers_the_tile<64, 128, 128>();
+  expect_tile_copy_covers_the_tile<128, 128, 64>();
+  expect_tile_copy_covers_the_tile<64, 256, 64>();
+  expect_tile_copy_covers_the_tile<128, 256, 128>();
+}
+
 TEST(TensorCoreMma, TwinErrorFollowsTheMantissa) {
   const Rung* twin = Registry::instance().find(tensor_core_mma::kV1Name, Backend::Cpu);
   ASSERT_NE(twin, nullptr);

@@ -50,23 +50,29 @@ __device__ inline void mma_16816(float (&d)[4], const uint32_t (&a)[4], const ui
 // Four 8×8 pieces of 16-bit values for the whole warp: lanes 8i..8i+7 give the row addresses of
 // piece i, and each lane gets (row lane/4, columns 2·(lane%4), +1) of every piece, one register
 // each; .trans hands out the transpose, (rows 2·(lane%4), +1, column lane/4).
-__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-  const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
+// The address may be a generic pointer into shared memory or, as rung 06's v8 keeps them, a
+// 32-bit shared-window address (smem_u32).
+__device__ inline uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
-__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
-  const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+__device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* smem) { ldmatrix_x4(r, smem_u32(smem)); }
+__device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) { ldmatrix_x4_trans(r, smem_u32(smem)); }
 
 // 16 bytes from global to shared memory without passing through registers; zeros when !valid.
-__device__ inline void cp_async_16(void* smem, const void* gmem, bool valid) {
-  const unsigned addr = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(addr), "l"(gmem), "r"(valid ? 16 : 0));
+__device__ inline void cp_async_16(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ inline void cp_async_16(void* smem, const void* gmem, bool valid) { cp_async_16(smem_u32(smem), gmem, valid); }
+__device__ inline void cp_async_16(uint32_t smem, const void* gmem) {  // always all 16 bytes
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem), "l"(gmem));
 }
 // The same for 4 bytes (cp.async.ca: through L1; 16 bytes is the only size .cg takes).
 __device__ inline void cp_async_4(void* smem, const void* gmem, bool valid) {

@@ -22,12 +22,13 @@
 #include "cuda_check.cuh"
 #include "mma_layout.hpp"
 #include "mma_sync.cuh"
+#include "swizzle.cuh"
 #include "tensor_core_mma.hpp"
 
 namespace fl::tensor_core_mma {
 namespace {
 
-using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2
+using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2, swz, ...
 
 constexpr int kPad = 8;  // unswizzled rows: +16 bytes, so 8 rows of an 8×8 piece start 4 banks apart
 constexpr float kLog2e = 1.4426950408889634f;
@@ -40,6 +41,8 @@ struct Features {
   static constexpr bool kCpAsync = V >= Version::V3Pipeline;   // cp.async into two K/V buffers
   static constexpr bool kSwizzle = V >= Version::V4Swizzle;    // XOR-swizzled chunks, no padding
   static constexpr bool kLean = V >= Version::V5Lean;         // the instruction diet
+  static constexpr bool kHoisted = V >= Version::V8Hoisted;   // addresses worked out before the loop
+  static_assert(!kHoisted || (kLdmatrix && kCpAsync && kSwizzle), "v8 hoists ldmatrix and cp.async addresses");
   // v6: 128 rows per block, as 4 warps of two 16-row m-tiles: each K/V fragment feeds two mma.
   static constexpr Tiling kTiling = tiling(V, D);
   static constexpr int kMTiles = kTiling.m_tiles;              // 16-row mma tiles per warp
@@ -58,34 +61,50 @@ template <class F, int D>
 struct Smem {
   static constexpr int kLd = F::kSwizzle ? D : D + kPad;  // row stride, elements
   __device__ static int at(int row, int col) {
-    if constexpr (F::kSwizzle) return row * D + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+    if constexpr (F::kSwizzle) return swz<D>(row, col);
     else return row * kLd + col;
   }
+};
+
+// v8: this thread's share of every shared-memory address, worked out once before the loop
+// (swizzle.cuh): the A pattern for the ldmatrix of Q (A fragments) and V (B through .trans), the
+// B pattern for K's, and `copy` for its cp.async chunks.
+template <class F, int D>
+struct Lanes {
+  LaneRow<D> a, b;
+  TileCopy<D, F::kThreads> copy;
+  __device__ explicit Lanes(int tid) : a(a_pattern<D>(tid % 32)), b(b_pattern<D>(tid % 32)), copy(tid) {}
 };
 
 // ---- device helpers ---------------------------------------------------------------------------
 
 // rows × D elements from global into a shared tile, in 16-byte chunks; rows at or past `valid`
 // are zero (a ragged last block: no NaN can come in through 0·garbage).
-template <class T, class F, int D>
-__device__ void load_tile(T* dst, const T* src, int rows, int valid) {
-  constexpr int kChunks = D / 8;  // 8 halves per 16 bytes
-  for (int c = threadIdx.x; c < rows * kChunks; c += F::kThreads) {
-    const int r = c / kChunks, col = 8 * (c % kChunks);
-    T* d = dst + Smem<F, D>::at(r, col);
-    if constexpr (F::kCpAsync) {
-      cp_async_16(d, src + int64_t(r < valid ? r : 0) * D + col, r < valid);
-    } else {
-      const uint4 x = r < valid ? *reinterpret_cast<const uint4*>(src + int64_t(r) * D + col) : uint4{0, 0, 0, 0};
-      *reinterpret_cast<uint4*>(d) = x;
+template <int rows, class T, class F, int D>
+__device__ void load_tile(T* dst, const T* src, int valid, const Lanes<F, D>& ln) {
+  if constexpr (F::kHoisted) {
+    ln.copy.template load<rows>(smem_u32(dst), src, valid);
+  } else {
+    constexpr int kChunks = D / 8;  // 8 halves per 16 bytes
+    for (int c = threadIdx.x; c < rows * kChunks; c += F::kThreads) {
+      const int r = c / kChunks, col = 8 * (c % kChunks);
+      T* d = dst + Smem<F, D>::at(r, col);
+      if constexpr (F::kCpAsync) {
+        cp_async_16(d, src + int64_t(r < valid ? r : 0) * D + col, r < valid);
+      } else {
+        const uint4 x = r < valid ? *reinterpret_cast<const uint4*>(src + int64_t(r) * D + col) : uint4{0, 0, 0, 0};
+        *reinterpret_cast<uint4*>(d) = x;
+      }
     }
   }
 }
 
 // The A fragment of the 16×16 piece of a row-major tile at (r0, c0).
 template <class T, class F, int D>
-__device__ void load_a(uint32_t (&a)[4], const T* tile, int r0, int c0, int lane) {
-  if constexpr (F::kLdmatrix) {
+__device__ void load_a(uint32_t (&a)[4], const T* tile, int r0, int c0, int lane, const Lanes<F, D>& ln) {
+  if constexpr (F::kHoisted) {
+    ldmatrix_x4(a, ln.a.at(smem_u32(tile), r0, c0));
+  } else if constexpr (F::kLdmatrix) {
     ldmatrix_x4(a, tile + Smem<F, D>::at(r0 + lane % 16, c0 + 8 * (lane / 16)));
   } else {
 #pragma unroll
@@ -99,8 +118,10 @@ __device__ void load_a(uint32_t (&a)[4], const T* tile, int r0, int c0, int lane
 // B fragments of two n8 tiles, n0 and n0 + 8, for k-step k0, when B(k, n) = X[n][k] (K: key n,
 // dimension k). b[0], b[1] for tile n0; b[2], b[3] for tile n0 + 8.
 template <class T, class F, int D>
-__device__ void load_b_rows(uint32_t (&b)[4], const T* tile, int n0, int k0, int lane) {
-  if constexpr (F::kLdmatrix) {
+__device__ void load_b_rows(uint32_t (&b)[4], const T* tile, int n0, int k0, int lane, const Lanes<F, D>& ln) {
+  if constexpr (F::kHoisted) {
+    ldmatrix_x4(b, ln.b.at(smem_u32(tile), n0, k0));
+  } else if constexpr (F::kLdmatrix) {
     ldmatrix_x4(b, tile + Smem<F, D>::at(n0 + lane % 8 + 8 * (lane / 16), k0 + 8 * ((lane / 8) % 2)));
   } else {
 #pragma unroll
@@ -113,8 +134,10 @@ __device__ void load_b_rows(uint32_t (&b)[4], const T* tile, int n0, int k0, int
 
 // The same when B(k, n) = X[k][n] (V: key k, column n): a pair of B elements sits in two rows.
 template <class T, class F, int D>
-__device__ void load_b_cols(uint32_t (&b)[4], const T* tile, int k0, int n0, int lane) {
-  if constexpr (F::kLdmatrix) {
+__device__ void load_b_cols(uint32_t (&b)[4], const T* tile, int k0, int n0, int lane, const Lanes<F, D>& ln) {
+  if constexpr (F::kHoisted) {
+    ldmatrix_x4_trans(b, ln.a.at(smem_u32(tile), k0, n0));
+  } else if constexpr (F::kLdmatrix) {
     ldmatrix_x4_trans(b, tile + Smem<F, D>::at(k0 + lane % 8 + 8 * ((lane / 8) % 2), n0 + 8 * (lane / 16)));
   } else {
 #pragma unroll
@@ -139,12 +162,13 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
   using F = Features<V, D>;
   constexpr int BR = F::kRows, BC = F::kBc, MT = F::kMTiles, kBuffers = F::kCpAsync ? 2 : 1;
   constexpr int kTile = BC * Smem<F, D>::kLd;  // elements in one K or V buffer
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
   T* Qs = reinterpret_cast<T*>(smem_raw);        // [BR][ld]
   T* Ks = Qs + BR * Smem<F, D>::kLd;              // [kBuffers][BC][ld]
   T* Vs = Ks + kBuffers * kTile;                  // [kBuffers][BC][ld]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const Lanes<F, D> ln(threadIdx.x);
   const int r0 = 16 * MT * warp;  // this warp's first row within the block
   const int64_t i0 = int64_t(blockIdx.x) * BR;
   const int64_t bh = int64_t(blockIdx.z) * gridDim.y + blockIdx.y;
@@ -158,11 +182,11 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
   auto load_kv = [&](int jb, int buf) {
     const int64_t j0 = int64_t(jb) * BC;
     const int valid = int(min(int64_t(BC), nk - j0));
-    load_tile<T, F, D>(Ks + buf * kTile, kh + j0 * D, BC, valid);
-    load_tile<T, F, D>(Vs + buf * kTile, vh + j0 * D, BC, valid);
+    load_tile<BC>(Ks + buf * kTile, kh + j0 * D, valid, ln);
+    load_tile<BC>(Vs + buf * kTile, vh + j0 * D, valid, ln);
   };
 
-  load_tile<T, F, D>(Qs, q + (bh * nq + i0) * D, BR, int(min(int64_t(BR), nq - i0)));
+  load_tile<BR>(Qs, q + (bh * nq + i0) * D, int(min(int64_t(BR), nq - i0)), ln);
   if constexpr (F::kCpAsync) {
     cp_async_commit();
     if (n_blocks > 0) load_kv(0, 0);
@@ -202,11 +226,11 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t a[MT][4];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) load_a<T, F, D>(a[mt], Qs, r0 + 16 * mt, 16 * kk, lane);
+      for (int mt = 0; mt < MT; ++mt) load_a<T, F, D>(a[mt], Qs, r0 + 16 * mt, 16 * kk, lane, ln);
 #pragma unroll
       for (int np = 0; np < BC / 16; ++np) {
         uint32_t b[4];
-        load_b_rows<T, F, D>(b, Kb, 16 * np, 16 * kk, lane);
+        load_b_rows<T, F, D>(b, Kb, 16 * np, 16 * kk, lane, ln);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<T>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -308,7 +332,7 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
 #pragma unroll
       for (int cp = 0; cp < D / 16; ++cp) {
         uint32_t b[4];
-        load_b_cols<T, F, D>(b, Vb, 16 * kk, 16 * cp, lane);
+        load_b_cols<T, F, D>(b, Vb, 16 * kk, 16 * cp, lane, ln);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<T>(acc[mt][2 * cp], a[mt], b[0], b[1]);
@@ -383,6 +407,7 @@ void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs&
     case Version::V5Lean: return dispatch<Version::V5Lean>(s, t, a);
     case Version::V6Tall: return dispatch<Version::V6Tall>(s, t, a);
     case Version::V7Wide: return dispatch<Version::V7Wide>(s, t, a);
+    case Version::V8Hoisted: return dispatch<Version::V8Hoisted>(s, t, a);
   }
 }
 

@@ -19,13 +19,15 @@
 //                shared memory feeds two mma instead of one.
 //   v7_wide      at d = 64, 128 keys per K/V block: the per-row work of a step (max and sum across
 //                the quad, alpha, the rescale of O, a barrier) is shared by twice the keys.
+//   v8_hoisted   the lane-dependent part of every ldmatrix and cp.async address (swizzle and all)
+//                is worked out once, before the loop: inside it each load is one instruction.
 #pragma once
 
 #include "../05_fa2_loop_order/fa2_loop_order.hpp"
 
 namespace fl::tensor_core_mma {
 
-enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall, V7Wide };
+enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall, V7Wide, V8Hoisted };
 
 // How a version cuts the work: query rows and keys per block, warps per block, 16-row mma tiles
 // per warp. The kernel is built from it and the twin follows it, so their IO counts agree.
@@ -96,6 +98,8 @@ inline constexpr VersionInfo kVersions[] = {
      "v5 + 128 query rows per block, 32 per warp: each K/V fragment feeds two mma"},
     {Version::V7Wide, "06_tensor_core_mma/v7_wide",
      "v6 + 128 keys per K/V block at d=64: per-row work shared by twice the keys"},
+    {Version::V8Hoisted, "06_tensor_core_mma/v8_hoisted",
+     "v7 + ldmatrix and cp.async addresses worked out once per thread, outside the loop"},
 };
 inline constexpr const char* kV1Name = kVersions[0].name;
 
