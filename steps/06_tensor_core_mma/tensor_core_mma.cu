@@ -43,6 +43,7 @@ struct Features {
   static constexpr bool kLean = V >= Version::V5Lean;         // the instruction diet
   static constexpr bool kHoisted = V >= Version::V8Hoisted;   // addresses worked out before the loop
   static_assert(!kHoisted || (kLdmatrix && kCpAsync && kSwizzle), "v8 hoists ldmatrix and cp.async addresses");
+  static constexpr bool kOneSync = V >= Version::V9OneSync;   // one barrier per K/V block
   // v6: 128 rows per block, as 4 warps of two 16-row m-tiles: each K/V fragment feeds two mma.
   static constexpr Tiling kTiling = tiling(V, D);
   static constexpr int kMTiles = kTiling.m_tiles;              // 16-row mma tiles per warp
@@ -202,7 +203,15 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
   for (int jb = 0; jb < n_blocks; ++jb) {
     const int64_t j0 = int64_t(jb) * BC;
     int buf = 0;
-    if constexpr (F::kCpAsync) {
+    if constexpr (F::kOneSync) {
+      buf = jb % 2;
+      cp_async_wait<0>();  // this thread's copies of block jb (issued one step ago) have landed
+      __syncthreads();     // everyone's have, and every warp is done with block jb - 1 and its buffer
+      if (jb + 1 < n_blocks) {  // so block jb + 1 may now overwrite that buffer, during this step
+        load_kv(jb + 1, buf ^ 1);
+        cp_async_commit();
+      }
+    } else if constexpr (F::kCpAsync) {
       buf = jb % 2;
       if (jb + 1 < n_blocks) {  // the next block streams into the other buffer during this one
         load_kv(jb + 1, buf ^ 1);
@@ -340,7 +349,7 @@ mma_kernel(const T* __restrict__ q,  // [B, H, Nq, d]
         }
       }
     }
-    if constexpr (F::kCpAsync) __syncthreads();  // this buffer is refilled two blocks from now
+    if constexpr (F::kCpAsync && !F::kOneSync) __syncthreads();  // this buffer is refilled two blocks from now
   }
   if constexpr (F::kCpAsync) cp_async_wait<0>();  // nothing may still be landing at exit
 
@@ -408,6 +417,7 @@ void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs&
     case Version::V6Tall: return dispatch<Version::V6Tall>(s, t, a);
     case Version::V7Wide: return dispatch<Version::V7Wide>(s, t, a);
     case Version::V8Hoisted: return dispatch<Version::V8Hoisted>(s, t, a);
+    case Version::V9OneSync: return dispatch<Version::V9OneSync>(s, t, a);
   }
 }
 

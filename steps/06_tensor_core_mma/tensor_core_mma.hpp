@@ -21,13 +21,15 @@
 //                the quad, alpha, the rescale of O, a barrier) is shared by twice the keys.
 //   v8_hoisted   the lane-dependent part of every ldmatrix and cp.async address (swizzle and all)
 //                is worked out once, before the loop: inside it each load is one instruction.
+//   v9_one_sync  one barrier per K/V block instead of two: the copy of the next block is issued
+//                just after the barrier, when every warp is done with the buffer it overwrites.
 #pragma once
 
 #include "../05_fa2_loop_order/fa2_loop_order.hpp"
 
 namespace fl::tensor_core_mma {
 
-enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall, V7Wide, V8Hoisted };
+enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall, V7Wide, V8Hoisted, V9OneSync };
 
 // How a version cuts the work: query rows and keys per block, warps per block, 16-row mma tiles
 // per warp. The kernel is built from it and the twin follows it, so their IO counts agree.
@@ -100,6 +102,8 @@ inline constexpr VersionInfo kVersions[] = {
      "v6 + 128 keys per K/V block at d=64: per-row work shared by twice the keys"},
     {Version::V8Hoisted, "06_tensor_core_mma/v8_hoisted",
      "v7 + ldmatrix and cp.async addresses worked out once per thread, outside the loop"},
+    {Version::V9OneSync, "06_tensor_core_mma/v9_one_sync",
+     "v8 + one barrier per K/V block: the next block's copy starts right after it"},
 };
 inline constexpr const char* kV1Name = kVersions[0].name;
 
