@@ -20,8 +20,9 @@ struct TileCopy : TileCopyOffsets<D, kThreads> {
   __device__ void load(uint32_t tile, const T* g, int valid) const {
     static_assert(kRows % kRowStep == 0, "whole passes");
     if (valid >= kRows) {  // every block but a ragged last one
+      const T* src = g + this->src;  // one 64-bit add; the passes step from it by constants
 #pragma unroll
-      for (int i = 0; i < kRows / kRowStep; ++i) cp_async_16(tile + this->dst_at(i), g + this->src_at(i));
+      for (int i = 0; i < kRows / kRowStep; ++i) cp_async_16(tile + this->dst_at(i), src + i * kRowStep * D);
     } else {
       const int row = int(threadIdx.x) / Base::kChunks;
 #pragma unroll
