@@ -30,6 +30,7 @@
 #include <string>
 
 #include "../06_tensor_core_mma/mma_sync.cuh"
+#include "../06_tensor_core_mma/swizzle.cuh"
 #include "backward_recompute.hpp"
 #include "block_reduce.cuh"
 #include "cuda_check.cuh"
@@ -37,7 +38,7 @@
 namespace fl::backward {
 namespace {
 
-using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2
+using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2, swz, LaneRow, TileCopy
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int BR = 64;  // query rows per step
@@ -55,25 +56,6 @@ struct Cfg {
   static constexpr int kDqChunk = kDqCols < 64 ? kDqCols : 64;  // columns per pass (registers)
   static_assert(W == 4 || W == 8, "4 or 8 warps");
 };
-
-// Element (row, col) of a shared tile with LD elements per row, its 16-byte chunks XOR-swizzled
-// by row % 8 (rung 06's v4): ldmatrix reads 8 rows at one chunk column from 8 bank groups.
-template <int LD>
-__device__ __forceinline__ int swz(int row, int col) {
-  static_assert(LD >= 64, "at least 8 chunks per row");
-  return row * LD + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
-}
-
-// rows × D elements from global memory into a swizzled shared tile with cp.async; rows at or past
-// `valid` are zeros.
-template <class T, int D, int kThreads>
-__device__ void load_tile(T* dst, const T* src, int rows, int valid) {
-  constexpr int kChunks = D / 8;
-  for (int c = threadIdx.x; c < rows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = 8 * (c % kChunks);
-    cp_async_16(dst + swz<D>(r, col), src + int64_t(r < valid ? r : 0) * D + col, r < valid);
-  }
-}
 
 // Two adjacent floats added to device memory: one red.global.add.v2.f32 on Hopper, two before.
 __device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
@@ -119,7 +101,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
                     T* __restrict__ dk, T* __restrict__ dv,  // [B,Hkv,Nk,d]
                     int heads, int group, int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
   constexpr int BC = C::BC, kThreads = C::kThreads;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: LaneRow's XOR needs it
   T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
   T* Vs = Ks + BC * D;                      // [BC][D]
   T* Qs = Vs + BC * D;                      // [2][BR][D]  two buffers: step s+1 loads during step s
@@ -129,6 +111,11 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   float* Ds = Ls + 2 * BR;                               // [2][BR]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // Shared-memory addresses as rung 06's v8 makes them: the lane's part once, here (swizzle.hpp).
+  const LaneRow<D> la = a_pattern<D>(lane), lb = b_pattern<D>(lane);
+  const LaneRow<BR> ls = b_pattern<BR>(lane);  // dSᵀ, read transposed for dQ
+  const TileCopy<D, kThreads> copy(threadIdx.x);
+  const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ds_s = smem_u32(dSs);
   const int kw = 16 * warp;  // the warp's first key of the block, and later its first query row
   const int64_t j0 = int64_t(blockIdx.x) * BC;
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
@@ -140,14 +127,20 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   const int ib0 = int(first_row / BR);
   const int n_ib = first_row < nq ? int(ceil_div<int64_t>(nq, BR)) - ib0 : 0;
   const int steps = group * n_ib;
-  auto q_row0 = [&](int step) {  // first row of the step's Q block in [B·H·Nq]
-    return (int64_t(b) * heads + hk * group + step / n_ib) * nq + int64_t(ib0 + step % n_ib) * BR;
+  // Each K/V block starts its walk over the Q blocks at a different one (block j at j mod n_ib, and
+  // round from there), so that the blocks running at the same time add into different rows of dQ
+  // instead of all queueing on the same addresses.
+  const int rot = n_ib > 0 ? int(blockIdx.x % unsigned(n_ib)) : 0;
+  // A step is (h, ib): query head h of the group, Q block ib0 + ib. The loop walks them in order
+  // with a counter pair, so no step needs an integer division.
+  auto q_row0 = [&](int h, int ib) {  // first row of the step's Q block in [B·H·Nq]
+    return (int64_t(b) * heads + hk * group + h) * nq + int64_t(ib0 + ib) * BR;
   };
-  auto load_step = [&](int step, int buf) {
-    const int64_t i0 = int64_t(ib0 + step % n_ib) * BR, row0 = q_row0(step);
+  auto load_step = [&](int h, int ib, int buf) {
+    const int64_t i0 = int64_t(ib0 + ib) * BR, row0 = q_row0(h, ib);
     const int valid = int(std::min(int64_t(BR), nq - i0));
-    load_tile<T, D, kThreads>(Qs + buf * BR * D, q + row0 * D, BR, valid);
-    load_tile<T, D, kThreads>(dOs + buf * BR * D, dout + row0 * D, BR, valid);
+    copy.template load<BR>(smem_u32(Qs + buf * BR * D), q + row0 * D, valid);
+    copy.template load<BR>(smem_u32(dOs + buf * BR * D), dout + row0 * D, valid);
     // L and D too go by cp.async, so no thread waits for them mid-step. Padding rows get L = D = 0:
     // their Q and dO rows are zeros, so their P = 1 meets dP = D = 0 and dO = 0 and adds nothing.
     for (int r = threadIdx.x; r < BR; r += kThreads) {
@@ -156,34 +149,35 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     }
   };
 
-  load_tile<T, D, kThreads>(Ks, k + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
-  load_tile<T, D, kThreads>(Vs, v + (kv_row0 + j0) * D, BC, int(std::min(int64_t(BC), nk - j0)));
-  if (steps > 0) load_step(0, 0);
+  copy.template load<BC>(ks, k + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
+  copy.template load<BC>(vs, v + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
+  if (steps > 0) load_step(0, rot, 0);
   cp_async_commit();
 
   // dK_j (unscaled) and dV_j of the warp's keys kw + g (+8), columns 8c + 2t (+1).
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   uint32_t kf[C::kKvRegs ? D / 16 : 1][4], vf[C::kKvRegs ? D / 16 : 1][4];  // kKvRegs: A of K_j, V_j
 
+  int h = 0, ib = rot;  // this step's
   for (int step = 0; step < steps; ++step) {
+    const int ib_next = ib + 1 < n_ib ? ib + 1 : 0, h_next = ib_next == rot ? h + 1 : h;
     const int buf = step & 1;
     cp_async_wait<0>();
     __syncthreads();  // this step's tiles are in for every thread, and every warp is past the last step
     if (step + 1 < steps) {
-      load_step(step + 1, buf ^ 1);
+      load_step(h_next, ib_next, buf ^ 1);
       cp_async_commit();
     }
-    const int64_t i0 = int64_t(ib0 + step % n_ib) * BR;
-    const T* Qb = Qs + buf * BR * D;
-    const T* dOb = dOs + buf * BR * D;
+    const int64_t i0 = int64_t(ib0 + ib) * BR;
+    const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
     const float* Lb = Ls + buf * BR;
     const float* Db = Ds + buf * BR;
     if constexpr (C::kKvRegs) {
       if (step == 0) {  // K_j, V_j have landed: their A fragments stay in registers from here on
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          ldmatrix_x4(kf[kk], Ks + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
-          ldmatrix_x4(vf[kk], Vs + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+          ldmatrix_x4(kf[kk], la.at(ks, kw, 16 * kk));
+          ldmatrix_x4(vf[kk], la.at(vs, kw, 16 * kk));
         }
       }
     }
@@ -197,15 +191,14 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 #pragma unroll
         for (int i = 0; i < 4; ++i) ak[i] = kf[kk][i], av[i] = vf[kk][i];
       } else {
-        ldmatrix_x4(ak, Ks + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
-        ldmatrix_x4(av, Vs + swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16)));
+        ldmatrix_x4(ak, la.at(ks, kw, 16 * kk));
+        ldmatrix_x4(av, la.at(vs, kw, 16 * kk));
       }
 #pragma unroll
       for (int np = 0; np < BR / 16; ++np) {  // B(k, n) = Q[n][k]: rows of Q are columns of B
         uint32_t bq[4], bo[4];
-        const int r = 16 * np + lane % 8 + 8 * (lane / 16), c = 16 * kk + 8 * ((lane / 8) % 2);
-        ldmatrix_x4(bq, Qb + swz<D>(r, c));
-        ldmatrix_x4(bo, dOb + swz<D>(r, c));
+        ldmatrix_x4(bq, lb.at(qb, 16 * np, 16 * kk));
+        ldmatrix_x4(bo, lb.at(dob, 16 * np, 16 * kk));
         mma_16816<T>(st[2 * np], ak, bq[0], bq[1]);
         mma_16816<T>(st[2 * np + 1], ak, bq[2], bq[3]);
         mma_16816<T>(dpt[2 * np], av, bo[0], bo[1]);
@@ -260,9 +253,8 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 #pragma unroll
       for (int cp = 0; cp < D / 16; ++cp) {
         uint32_t bo[4], bq[4];
-        const int r = 16 * kk + lane % 8 + 8 * ((lane / 8) % 2), c = 16 * cp + 8 * (lane / 16);
-        ldmatrix_x4_trans(bo, dOb + swz<D>(r, c));
-        ldmatrix_x4_trans(bq, Qb + swz<D>(r, c));
+        ldmatrix_x4_trans(bo, la.at(dob, 16 * kk, 16 * cp));
+        ldmatrix_x4_trans(bq, la.at(qb, 16 * kk, 16 * cp));
         mma_16816<T>(dv_acc[2 * cp], ap, bo[0], bo[1]);
         mma_16816<T>(dv_acc[2 * cp + 1], ap, bo[2], bo[3]);
         mma_16816<T>(dk_acc[2 * cp], as, bq[0], bq[1]);
@@ -276,7 +268,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     // B(k, n) = K[k][n], also transposed. Rows past Nq add nothing.
     const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);
     const int64_t row = i0 + qr + g;
-    float* dst = dq_acc + (q_row0(step) + qr + g) * D + col0 + 2 * t;
+    float* dst = dq_acc + (q_row0(h, ib) + qr + g) * D + col0 + 2 * t;
 #pragma unroll
     for (int chunk = 0; chunk < C::kDqCols / C::kDqChunk; ++chunk) {
       constexpr int NT = C::kDqChunk / 8;  // n8 tiles per chunk
@@ -287,12 +279,11 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
         uint32_t a[4];
-        ldmatrix_x4_trans(a, dSs + swz<BR>(16 * kk + lane % 8 + 8 * (lane / 16), qr + 8 * ((lane / 8) % 2)));
+        ldmatrix_x4_trans(a, ls.at(ds_s, 16 * kk, qr));
 #pragma unroll
         for (int cp = 0; cp < NT / 2; ++cp) {
           uint32_t bk[4];
-          const int c = col0 + C::kDqChunk * chunk + 16 * cp + 8 * (lane / 16);
-          ldmatrix_x4_trans(bk, Ks + swz<D>(16 * kk + lane % 8 + 8 * ((lane / 8) % 2), c));
+          ldmatrix_x4_trans(bk, la.at(ks, 16 * kk, col0 + C::kDqChunk * chunk + 16 * cp));
           mma_16816<T>(dq[kk % kSplit][2 * cp], a, bk[0], bk[1]);
           mma_16816<T>(dq[kk % kSplit][2 * cp + 1], a, bk[2], bk[3]);
         }
@@ -307,6 +298,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
         if (row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
       }
     }
+    h = h_next, ib = ib_next;
   }
   cp_async_wait<0>();  // K/V may still be landing if this block had no step
 

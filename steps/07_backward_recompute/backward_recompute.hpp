@@ -14,7 +14,7 @@
 // Two precisions, two rungs. "07_backward_recompute" is the readable fp32 version on CUDA cores
 // (backward_recompute.cu), its forward rung 05's. "07_backward_recompute/mma" is the same loop on
 // the tensor cores in fp16/bf16 with fp32 accumulation (backward_mma.cu), its forward rung 06's
-// v7_wide; its dQ accumulates in an fp32 workspace that a last pass scales and rounds. One CPU twin
+// v9_one_sync; its dQ accumulates in an fp32 workspace that a last pass scales and rounds. One CPU twin
 // (backward_recompute.cpp) serves both, with the roundings the precision calls for.
 #pragma once
 
@@ -39,7 +39,7 @@ inline constexpr const char* kMmaIdea =
 enum class Precision { Fp32, TensorCore };
 
 // The forward the tensor-core rung pairs with: rung 06's fastest version.
-inline constexpr tensor_core_mma::Version kMmaForward = tensor_core_mma::Version::V7Wide;
+inline constexpr tensor_core_mma::Version kMmaForward = tensor_core_mma::Version::V9OneSync;
 
 // The device memory the backward adds, linear in N: D (B·H·Nq fp32); the tensor-core version adds
 // dQ's fp32 accumulator (B·H·Nq·d), after D at a 256-byte boundary.
@@ -70,7 +70,7 @@ void gpu_backward(const AttentionShape& s, const BackwardArgs& a);
 void gpu_backward_mma(const AttentionShape& s, DType t, const BackwardArgs& a);
 
 // The rung on either backend and in either precision. The forward is the earlier rung's (this
-// rung's subject is the backward pass): rung 05's for fp32, rung 06 v7_wide's for 16 bits. The
+// rung's subject is the backward pass): rung 05's for fp32, rung 06 v9_one_sync's for 16 bits. The
 // twins register in backward_recompute.cpp, the kernels in the .cu files.
 template <Backend B, Precision P>
 class BackwardRung final : public Rung {
