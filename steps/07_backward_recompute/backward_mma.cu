@@ -47,13 +47,19 @@ constexpr int BR = 64;  // query rows per step
 // the 4 row tiles of a step are shared out, and with 8 warps each takes half of d's columns.
 // kKvRegs keeps the warp's K and V A-fragments in registers for the whole block instead of
 // reading them from shared memory every step.
-template <int D, int W, bool KvRegs, int MinBlocks = 1>
+// kOneSync gives dSᵀ two buffers and moves step s's dQ product to the start of step s+1, behind
+// that step's barrier, so a step has one barrier instead of two.
+template <int D, int W, bool KvRegs, int MinBlocks = 1, bool OneSync = false>
 struct Cfg {
+  static constexpr bool k2D = false;
   static constexpr int kThreads = 32 * W, BC = 16 * W, kMinBlocks = MinBlocks;
-  static constexpr bool kKvRegs = KvRegs;
+  static constexpr bool kKvRegs = KvRegs, kOneSync = OneSync;
+  static constexpr int kDsBufs = OneSync ? 2 : 1;
   static constexpr int kColSplit = W / 4;           // warps per dQ row tile
   static constexpr int kDqCols = D / kColSplit;     // dQ columns per warp
   static constexpr int kDqChunk = kDqCols < 64 ? kDqCols : 64;  // columns per pass (registers)
+  static constexpr std::size_t kSmemBytes =
+      std::size_t(2 * BC * D + 4 * BR * D + kDsBufs * BC * BR) * 2 + 4 * BR * sizeof(float);
   static_assert(W == 4 || W == 8, "4 or 8 warps");
 };
 
@@ -92,6 +98,42 @@ __global__ void preprocess_mma_kernel(const T* __restrict__ o, const T* __restri
   if (in && col == 0) Dsum[row] = acc;
 }
 
+// The steps of the thread block of K/V block jb: every (query head of the group, Q block that sees
+// a key of the block). A step is (h, ib): query head h of the group, Q block ib0 + ib; the kernels
+// walk them with a counter pair, so that no step needs an integer division. Each K/V block starts
+// its walk over the Q blocks at a different one (block j at j mod n_ib, and round from there), so
+// that the blocks running at the same time add into different rows of dQ.
+template <int BR>
+struct StepWalk {
+  int64_t j0;           // the block's first key
+  int ib0, n_ib, rot;   // first Q block, how many, where the walk starts
+  __device__ StepWalk(unsigned jb, int BC, int64_t nq, int64_t nk, bool causal) : j0(int64_t(jb) * BC) {
+    const int64_t off = nk - nq;  // row i sees keys ≤ i + off (causal, aligned bottom-right)
+    const int64_t first_row = causal ? std::max(int64_t(0), j0 - off) : 0;
+    ib0 = int(first_row / BR);
+    n_ib = first_row < nq ? int(ceil_div<int64_t>(nq, BR)) - ib0 : 0;
+    rot = n_ib > 0 ? int(jb % unsigned(n_ib)) : 0;
+  }
+  __device__ int64_t i0(int ib) const { return int64_t(ib0 + ib) * BR; }  // the Q block's first row
+};
+
+// One step's tiles by cp.async: rows row0.. (of [B·H·Nq]) of Q and dO, `valid` of them real, and
+// their L and D. L and D too go by cp.async, so no thread waits for them mid-step. Padding rows get
+// L = D = 0: their Q and dO rows are zeros, so their P = 1 meets dP = D = 0 and dO = 0 and adds
+// nothing.
+template <int BR, class T, class Copy>
+__device__ __forceinline__ void load_q_block(const Copy& copy, T* Qs, T* dOs, float* Ls, float* Ds, const T* q,
+                                             const T* dout, const float* lse, const float* Dsum, int64_t row0,
+                                             int valid) {
+  constexpr int D = Copy::kChunks * 8;
+  copy.template load<BR>(smem_u32(Qs), q + row0 * D, valid);
+  copy.template load<BR>(smem_u32(dOs), dout + row0 * D, valid);
+  for (int r = threadIdx.x; r < BR; r += int(blockDim.x)) {
+    cp_async_4(Ls + r, lse + row0 + (r < valid ? r : 0), r < valid);
+    cp_async_4(Ds + r, Dsum + row0 + (r < valid ? r : 0), r < valid);
+  }
+}
+
 template <class T, int D, class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,H,Nq,d], [B,Hkv,Nk,d]
@@ -106,8 +148,8 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   T* Vs = Ks + BC * D;                      // [BC][D]
   T* Qs = Vs + BC * D;                      // [2][BR][D]  two buffers: step s+1 loads during step s
   T* dOs = Qs + 2 * BR * D;                 // [2][BR][D]
-  T* dSs = dOs + 2 * BR * D;                // [BC][BR]    dSᵀ of the step, for dQ
-  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR] L, natural log
+  T* dSs = dOs + 2 * BR * D;                // [kDsBufs][BC][BR]  dSᵀ of the step, for dQ
+  float* Ls = reinterpret_cast<float*>(dSs + C::kDsBufs * BC * BR);  // [2][BR] L, natural log
   float* Ds = Ls + 2 * BR;                               // [2][BR]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -117,36 +159,16 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   const TileCopy<D, kThreads> copy(threadIdx.x);
   const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ds_s = smem_u32(dSs);
   const int kw = 16 * warp;  // the warp's first key of the block, and later its first query row
-  const int64_t j0 = int64_t(blockIdx.x) * BC;
+  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
-  const int64_t kv_row0 = (int64_t(b) * kv_heads + hk) * nk;
-  const int64_t off = nk - nq;  // row i sees keys ≤ i + off (causal, aligned bottom-right)
-
-  // The steps: every (query head of the group, Q block that sees a key of block j).
-  const int64_t first_row = causal ? std::max(int64_t(0), j0 - off) : 0;
-  const int ib0 = int(first_row / BR);
-  const int n_ib = first_row < nq ? int(ceil_div<int64_t>(nq, BR)) - ib0 : 0;
-  const int steps = group * n_ib;
-  // Each K/V block starts its walk over the Q blocks at a different one (block j at j mod n_ib, and
-  // round from there), so that the blocks running at the same time add into different rows of dQ
-  // instead of all queueing on the same addresses.
-  const int rot = n_ib > 0 ? int(blockIdx.x % unsigned(n_ib)) : 0;
-  // A step is (h, ib): query head h of the group, Q block ib0 + ib. The loop walks them in order
-  // with a counter pair, so no step needs an integer division.
+  const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
+  const int ib0 = walk.ib0, n_ib = walk.n_ib, rot = walk.rot, steps = group * n_ib;
   auto q_row0 = [&](int h, int ib) {  // first row of the step's Q block in [B·H·Nq]
-    return (int64_t(b) * heads + hk * group + h) * nq + int64_t(ib0 + ib) * BR;
+    return (int64_t(b) * heads + hk * group + h) * nq + walk.i0(ib);
   };
   auto load_step = [&](int h, int ib, int buf) {
-    const int64_t i0 = int64_t(ib0 + ib) * BR, row0 = q_row0(h, ib);
-    const int valid = int(std::min(int64_t(BR), nq - i0));
-    copy.template load<BR>(smem_u32(Qs + buf * BR * D), q + row0 * D, valid);
-    copy.template load<BR>(smem_u32(dOs + buf * BR * D), dout + row0 * D, valid);
-    // L and D too go by cp.async, so no thread waits for them mid-step. Padding rows get L = D = 0:
-    // their Q and dO rows are zeros, so their P = 1 meets dP = D = 0 and dO = 0 and adds nothing.
-    for (int r = threadIdx.x; r < BR; r += kThreads) {
-      cp_async_4(Ls + buf * BR + r, lse + row0 + (r < valid ? r : 0), r < valid);
-      cp_async_4(Ds + buf * BR + r, Dsum + row0 + (r < valid ? r : 0), r < valid);
-    }
+    load_q_block<BR>(copy, Qs + buf * BR * D, dOs + buf * BR * D, Ls + buf * BR, Ds + buf * BR, q, dout, lse, Dsum,
+                     q_row0(h, ib), int(std::min(int64_t(BR), nq - walk.i0(ib))));
   };
 
   copy.template load<BC>(ks, k + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
@@ -158,7 +180,47 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   uint32_t kf[C::kKvRegs ? D / 16 : 1][4], vf[C::kKvRegs ? D / 16 : 1][4];  // kKvRegs: A of K_j, V_j
 
+  // dQ_i += dS K_j for step (h, ib), whose dSᵀ is at ds_buf: warp w takes query rows
+  // 16·(w % 4).. +15 and, with 8 warps, half of d's columns, a chunk of at most 64 at a time.
+  // A(m, k) = dSᵀ[k][m], read with ldmatrix.trans; B(k, n) = K[k][n], also transposed. Rows past
+  // Nq add nothing.
+  auto add_dq = [&](int h, int ib, uint32_t ds_buf) {
+    const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);
+    const int64_t row = int64_t(ib0 + ib) * BR + qr + g;
+    float* dst = dq_acc + (q_row0(h, ib) + qr + g) * D + col0 + 2 * t;
+#pragma unroll
+    for (int chunk = 0; chunk < C::kDqCols / C::kDqChunk; ++chunk) {
+      constexpr int NT = C::kDqChunk / 8;  // n8 tiles per chunk
+      // With few tiles, even and odd k-steps add into separate accumulators, so that consecutive
+      // mma do not wait on each other's result.
+      constexpr int kSplit = NT < 8 ? 2 : 1;
+      float dq[kSplit][NT][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, ls.at(ds_buf, 16 * kk, qr));
+#pragma unroll
+        for (int cp = 0; cp < NT / 2; ++cp) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, la.at(ks, 16 * kk, col0 + C::kDqChunk * chunk + 16 * cp));
+          mma_16816<T>(dq[kk % kSplit][2 * cp], a, bk[0], bk[1]);
+          mma_16816<T>(dq[kk % kSplit][2 * cp + 1], a, bk[2], bk[3]);
+        }
+      }
+#pragma unroll
+      for (int c = 0; c < NT; ++c) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+#pragma unroll
+          for (int sp = 1; sp < kSplit; ++sp) dq[0][c][e] += dq[sp][c][e];
+        if (row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[0][c][0], dq[0][c][1]);
+        if (row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
+      }
+    }
+  };
+
   int h = 0, ib = rot;  // this step's
+  int prev_h = 0, prev_ib = 0;  // kOneSync: the step whose dQ is still to add
   for (int step = 0; step < steps; ++step) {
     const int ib_next = ib + 1 < n_ib ? ib + 1 : 0, h_next = ib_next == rot ? h + 1 : h;
     const int buf = step & 1;
@@ -168,7 +230,11 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
       load_step(h_next, ib_next, buf ^ 1);
       cp_async_commit();
     }
+    // kOneSync: the last step's dSᵀ is complete behind the barrier above, in the other buffer.
+    if constexpr (C::kOneSync)
+      if (step > 0) add_dq(prev_h, prev_ib, ds_s + uint32_t(((step - 1) & 1) * BC * BR * sizeof(T)));
     const int64_t i0 = int64_t(ib0 + ib) * BR;
+    T* const ds_w = dSs + (C::kOneSync ? (step & 1) * BC * BR : 0);  // this step's dSᵀ goes here
     const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
     const float* Lb = Ls + buf * BR;
     const float* Db = Ds + buf * BR;
@@ -246,10 +312,10 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
       as[1] = pack<T>(dpt[2 * kk][2], dpt[2 * kk][3]);
       as[2] = pack<T>(dpt[2 * kk + 1][0], dpt[2 * kk + 1][1]);
       as[3] = pack<T>(dpt[2 * kk + 1][2], dpt[2 * kk + 1][3]);
-      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g, 16 * kk + 2 * t)) = as[0];
-      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g + 8, 16 * kk + 2 * t)) = as[1];
-      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g, 16 * kk + 8 + 2 * t)) = as[2];
-      *reinterpret_cast<uint32_t*>(dSs + swz<BR>(kw + g + 8, 16 * kk + 8 + 2 * t)) = as[3];
+      *reinterpret_cast<uint32_t*>(ds_w + swz<BR>(kw + g, 16 * kk + 2 * t)) = as[0];
+      *reinterpret_cast<uint32_t*>(ds_w + swz<BR>(kw + g + 8, 16 * kk + 2 * t)) = as[1];
+      *reinterpret_cast<uint32_t*>(ds_w + swz<BR>(kw + g, 16 * kk + 8 + 2 * t)) = as[2];
+      *reinterpret_cast<uint32_t*>(ds_w + swz<BR>(kw + g + 8, 16 * kk + 8 + 2 * t)) = as[3];
 #pragma unroll
       for (int cp = 0; cp < D / 16; ++cp) {
         uint32_t bo[4], bq[4];
@@ -261,45 +327,19 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
         mma_16816<T>(dk_acc[2 * cp + 1], as, bq[2], bq[3]);
       }
     }
-    __syncthreads();  // all of dSᵀ is in shared memory
-
-    // dQ_i += dS K_j: warp w takes query rows 16·(w % 4).. +15 and, with 8 warps, half of d's
-    // columns, a chunk of at most 64 at a time. A(m, k) = dSᵀ[k][m], read with ldmatrix.trans;
-    // B(k, n) = K[k][n], also transposed. Rows past Nq add nothing.
-    const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);
-    const int64_t row = i0 + qr + g;
-    float* dst = dq_acc + (q_row0(h, ib) + qr + g) * D + col0 + 2 * t;
-#pragma unroll
-    for (int chunk = 0; chunk < C::kDqCols / C::kDqChunk; ++chunk) {
-      constexpr int NT = C::kDqChunk / 8;  // n8 tiles per chunk
-      // With few tiles, even and odd k-steps add into separate accumulators, so that consecutive
-      // mma do not wait on each other's result.
-      constexpr int kSplit = NT < 8 ? 2 : 1;
-      float dq[kSplit][NT][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4_trans(a, ls.at(ds_s, 16 * kk, qr));
-#pragma unroll
-        for (int cp = 0; cp < NT / 2; ++cp) {
-          uint32_t bk[4];
-          ldmatrix_x4_trans(bk, la.at(ks, 16 * kk, col0 + C::kDqChunk * chunk + 16 * cp));
-          mma_16816<T>(dq[kk % kSplit][2 * cp], a, bk[0], bk[1]);
-          mma_16816<T>(dq[kk % kSplit][2 * cp + 1], a, bk[2], bk[3]);
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < NT; ++c) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-#pragma unroll
-          for (int sp = 1; sp < kSplit; ++sp) dq[0][c][e] += dq[sp][c][e];
-        if (row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[0][c][0], dq[0][c][1]);
-        if (row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
-      }
+    if constexpr (C::kOneSync) {
+      prev_h = h, prev_ib = ib;
+    } else {
+      __syncthreads();  // all of dSᵀ is in shared memory
+      add_dq(h, ib, ds_s);
     }
     h = h_next, ib = ib_next;
   }
+  if constexpr (C::kOneSync)
+    if (steps > 0) {
+      __syncthreads();  // the last step's dSᵀ is complete
+      add_dq(prev_h, prev_ib, ds_s + uint32_t(((steps - 1) & 1) * BC * BR * sizeof(T)));
+    }
   cp_async_wait<0>();  // K/V may still be landing if this block had no step
 
   // dK_j = scale · Σ dSᵀ Q and dV_j, rounded once, for the keys that exist.
@@ -314,6 +354,245 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
       *reinterpret_cast<uint32_t*>(dv + at) = pack<T>(dv_acc[c][2 * h], dv_acc[c][2 * h + 1]);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The 2D-tiled kernel: the same steps, with each product given its own warp layout, as
+// FlashAttention-2 does, so that every ldmatrix feeds more mma. The kernel above gives warp w
+// 16 keys for everything, which makes each warp read all of Q_i and dO_i twice per step (once
+// for Sᵀ, dPᵀ and once, transposed, for dK, dV): an ldmatrix of Q or dO feeds 2 mma, and the
+// shared-memory pipe, not the tensor cores, sets the pace (docs/07, "Two-dimensional warp tiles").
+// Here the 8 warps form a 4 × 2 grid three times over:
+//
+//   Sᵀ, dPᵀ:  warp (w % 4, w / 4) computes keys 32·(w % 4).. +31 × query rows (BR/2)·(w / 4)..
+//             Pᵀ and dSᵀ go to shared memory, 16 bits, key-major.
+//   dV, dK:   warp (w % 4, w / 4) owns keys 32·(w % 4).. +31 × columns (D/2)·(w / 4).. of dV_j and
+//             dK_j; A = Pᵀ (dSᵀ) from shared memory, B = dO_i (Q_i) transposed.
+//   dQ:       warp (w % 2, w / 2) takes query rows (BR/2)·(w % 2).. × columns (D/4)·(w / 2)..;
+//             A = dS read from dSᵀ transposed, B = K_j transposed; float2 atomics as before.
+//
+// The price is Pᵀ through shared memory (one more 16-bit store per element) and a larger tile
+// there. kKvRegs keeps the warp's K and V A-fragments (32 keys) in registers for the block.
+template <int D, int BRows, bool KvRegs = false>
+struct Cfg2D {
+  static constexpr bool k2D = true, kKvRegs = KvRegs;
+  static constexpr int kThreads = 256, kMinBlocks = 1, BC = 128, BR = BRows;
+  static constexpr int kSM = 2, kSN = BR / 16;    // Sᵀ, dPᵀ: m16 tiles (keys), n8 tiles (query rows)
+  static constexpr int kKM = 2, kKN = D / 16;     // dV, dK: m16 tiles (keys), n8 tiles (columns)
+  static constexpr int kQM = BR / 32, kQN = D / 32;  // dQ: m16 tiles (query rows), n8 tiles (columns)
+  static constexpr std::size_t kSmemBytes =
+      std::size_t(2 * BC * D + 4 * BR * D + 2 * BC * BR) * 2 + 4 * BR * sizeof(float);
+  static_assert(BR == 64 || BR == 128, "query rows per step");
+};
+
+template <class T, int D, class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                       const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dsum,
+                       float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int heads, int group,
+                       int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
+  constexpr int BC = C::BC, BR = C::BR, kThreads = C::kThreads;
+  extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: LaneRow's XOR needs it
+  T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
+  T* Vs = Ks + BC * D;                      // [BC][D]
+  T* Qs = Vs + BC * D;                      // [2][BR][D]
+  T* dOs = Qs + 2 * BR * D;                 // [2][BR][D]
+  T* Ps = dOs + 2 * BR * D;                 // [BC][BR]  Pᵀ of the step
+  T* dSs = Ps + BC * BR;                    // [BC][BR]  dSᵀ of the step
+  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);  // [2][BR]
+  float* Ds = Ls + 2 * BR;                               // [2][BR]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const LaneRow<D> la = a_pattern<D>(lane), lb = b_pattern<D>(lane);
+  const LaneRow<BR> lpa = a_pattern<BR>(lane), lpb = b_pattern<BR>(lane);
+  const TileCopy<D, kThreads> copy(threadIdx.x);
+  const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ps = smem_u32(Ps), ds_s = smem_u32(dSs);
+  const int key0 = 32 * (warp % 4);              // Sᵀ, dPᵀ, dV, dK: the warp's 32 keys
+  const int sq0 = (BR / 2) * (warp / 4);         // Sᵀ, dPᵀ: the warp's query rows
+  const int kc0 = (D / 2) * (warp / 4);          // dV, dK: the warp's columns
+  const int qq0 = (BR / 2) * (warp % 2), qc0 = (D / 4) * (warp / 2);  // dQ: rows, columns
+  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
+  const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
+  const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
+  auto q_row0 = [&](int h, int ib) { return (int64_t(b) * heads + hk * group + h) * nq + walk.i0(ib); };
+  auto load_step = [&](int h, int ib, int buf) {
+    load_q_block<BR>(copy, Qs + buf * BR * D, dOs + buf * BR * D, Ls + buf * BR, Ds + buf * BR, q, dout, lse, Dsum,
+                     q_row0(h, ib), int(std::min(int64_t(BR), nq - walk.i0(ib))));
+  };
+
+  copy.template load<BC>(ks, k + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
+  copy.template load<BC>(vs, v + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
+  const int steps = group * walk.n_ib;
+  if (steps > 0) load_step(0, walk.rot, 0);
+  cp_async_commit();
+
+  float dk_acc[C::kKM][C::kKN][4] = {}, dv_acc[C::kKM][C::kKN][4] = {};
+  uint32_t kf[C::kKvRegs ? C::kSM : 1][C::kKvRegs ? D / 16 : 1][4], vf[C::kKvRegs ? C::kSM : 1][C::kKvRegs ? D / 16 : 1][4];
+
+  int h = 0, ib = walk.rot;
+  for (int step = 0; step < steps; ++step) {
+    const int ib_next = ib + 1 < walk.n_ib ? ib + 1 : 0, h_next = ib_next == walk.rot ? h + 1 : h;
+    const int buf = step & 1;
+    cp_async_wait<0>();
+    __syncthreads();  // this step's tiles are in, and every warp is done with the last step's
+    if (step + 1 < steps) {
+      load_step(h_next, ib_next, buf ^ 1);
+      cp_async_commit();
+    }
+    const int64_t i0 = walk.i0(ib);
+    const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
+    const float* Lb = Ls + buf * BR;
+    const float* Db = Ds + buf * BR;
+    if constexpr (C::kKvRegs) {
+      if (step == 0) {
+#pragma unroll
+        for (int m = 0; m < C::kSM; ++m)
+#pragma unroll
+          for (int kk = 0; kk < D / 16; ++kk) {
+            ldmatrix_x4(kf[m][kk], la.at(ks, key0 + 16 * m, 16 * kk));
+            ldmatrix_x4(vf[m][kk], la.at(vs, key0 + 16 * m, 16 * kk));
+          }
+      }
+    }
+
+    // Sᵀ and dPᵀ, keys key0.. × query rows sq0..: A = K_j (V_j) rows, B = Q_i (dO_i) rows.
+    float st[C::kSM][C::kSN][4] = {}, dpt[C::kSM][C::kSN][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t ak[C::kSM][4], av[C::kSM][4];
+#pragma unroll
+      for (int m = 0; m < C::kSM; ++m) {
+        if constexpr (C::kKvRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) ak[m][i] = kf[m][kk][i], av[m][i] = vf[m][kk][i];
+        } else {
+          ldmatrix_x4(ak[m], la.at(ks, key0 + 16 * m, 16 * kk));
+          ldmatrix_x4(av[m], la.at(vs, key0 + 16 * m, 16 * kk));
+        }
+      }
+#pragma unroll
+      for (int np = 0; np < C::kSN / 2; ++np) {
+        uint32_t bq[4], bo[4];
+        ldmatrix_x4(bq, lb.at(qb, sq0 + 16 * np, 16 * kk));
+        ldmatrix_x4(bo, lb.at(dob, sq0 + 16 * np, 16 * kk));
+#pragma unroll
+        for (int m = 0; m < C::kSM; ++m) {
+          mma_16816<T>(st[m][2 * np], ak[m], bq[0], bq[1]);
+          mma_16816<T>(st[m][2 * np + 1], ak[m], bq[2], bq[3]);
+          mma_16816<T>(dpt[m][2 * np], av[m], bo[0], bo[1]);
+          mma_16816<T>(dpt[m][2 * np + 1], av[m], bo[2], bo[3]);
+        }
+      }
+    }
+
+    // Pᵀ and dSᵀ in place, then to shared memory. Element e of tile (m, n) is key
+    // key0 + 16m + g + 8·(e/2), query row sq0 + 8n + 2t + e%2.
+    if (j0 + BC > nk || (causal && j0 + BC - 1 > i0 + off)) {
+#pragma unroll
+      for (int m = 0; m < C::kSM; ++m)
+#pragma unroll
+        for (int n = 0; n < C::kSN; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t key = j0 + key0 + 16 * m + g + 8 * (e / 2), row = i0 + sq0 + 8 * n + 2 * t + e % 2;
+            if (key >= nk || (causal && key > row + off)) st[m][n][e] = -INFINITY;
+          }
+    }
+#pragma unroll
+    for (int n = 0; n < C::kSN; ++n) {
+      const int c = sq0 + 8 * n + 2 * t;
+      const float2 l = *reinterpret_cast<const float2*>(Lb + c);
+      const float2 dd = *reinterpret_cast<const float2*>(Db + c);
+      const float lx = l.x == -INFINITY ? INFINITY : l.x * kLog2e, ly = l.y == -INFINITY ? INFINITY : l.y * kLog2e;
+#pragma unroll
+      for (int m = 0; m < C::kSM; ++m) {
+        float p[4], s[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          p[e] = fast_exp2(fmaf(st[m][n][e], scale_log2, -(e % 2 ? ly : lx)));
+          s[e] = p[e] * (dpt[m][n][e] - (e % 2 ? dd.y : dd.x));
+        }
+        const int r = key0 + 16 * m + g;
+        *reinterpret_cast<uint32_t*>(Ps + swz<BR>(r, c)) = pack<T>(p[0], p[1]);
+        *reinterpret_cast<uint32_t*>(Ps + swz<BR>(r + 8, c)) = pack<T>(p[2], p[3]);
+        *reinterpret_cast<uint32_t*>(dSs + swz<BR>(r, c)) = pack<T>(s[0], s[1]);
+        *reinterpret_cast<uint32_t*>(dSs + swz<BR>(r + 8, c)) = pack<T>(s[2], s[3]);
+      }
+    }
+    __syncthreads();  // all of Pᵀ and dSᵀ are in shared memory
+
+    // dV_j += Pᵀ dO_i and dK_j += dSᵀ Q_i for keys key0.. × columns kc0..; k-steps over the BR rows.
+#pragma unroll
+    for (int kk = 0; kk < BR / 16; ++kk) {
+      uint32_t ap[C::kKM][4], as[C::kKM][4];
+#pragma unroll
+      for (int m = 0; m < C::kKM; ++m) {
+        ldmatrix_x4(ap[m], lpa.at(ps, key0 + 16 * m, 16 * kk));
+        ldmatrix_x4(as[m], lpa.at(ds_s, key0 + 16 * m, 16 * kk));
+      }
+#pragma unroll
+      for (int cp = 0; cp < C::kKN / 2; ++cp) {
+        uint32_t bo[4], bq[4];
+        ldmatrix_x4_trans(bo, la.at(dob, 16 * kk, kc0 + 16 * cp));
+        ldmatrix_x4_trans(bq, la.at(qb, 16 * kk, kc0 + 16 * cp));
+#pragma unroll
+        for (int m = 0; m < C::kKM; ++m) {
+          mma_16816<T>(dv_acc[m][2 * cp], ap[m], bo[0], bo[1]);
+          mma_16816<T>(dv_acc[m][2 * cp + 1], ap[m], bo[2], bo[3]);
+          mma_16816<T>(dk_acc[m][2 * cp], as[m], bq[0], bq[1]);
+          mma_16816<T>(dk_acc[m][2 * cp + 1], as[m], bq[2], bq[3]);
+        }
+      }
+    }
+
+    // dQ_i += dS K_j for query rows qq0.. × columns qc0..; k-steps over the BC keys. A(m, k) =
+    // dSᵀ[k][m], read transposed; B(k, n) = K[k][n], also transposed. Rows past Nq add nothing.
+    {
+      float dq[C::kQM][C::kQN][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < BC / 16; ++kk) {
+        uint32_t a[C::kQM][4];
+#pragma unroll
+        for (int m = 0; m < C::kQM; ++m) ldmatrix_x4_trans(a[m], lpb.at(ds_s, 16 * kk, qq0 + 16 * m));
+#pragma unroll
+        for (int cp = 0; cp < C::kQN / 2; ++cp) {
+          uint32_t bk[4];
+          ldmatrix_x4_trans(bk, la.at(ks, 16 * kk, qc0 + 16 * cp));
+#pragma unroll
+          for (int m = 0; m < C::kQM; ++m) {
+            mma_16816<T>(dq[m][2 * cp], a[m], bk[0], bk[1]);
+            mma_16816<T>(dq[m][2 * cp + 1], a[m], bk[2], bk[3]);
+          }
+        }
+      }
+      float* dst = dq_acc + (q_row0(h, ib) + qq0 + g) * D + qc0 + 2 * t;
+#pragma unroll
+      for (int m = 0; m < C::kQM; ++m) {
+        const int64_t row = i0 + qq0 + 16 * m + g;
+#pragma unroll
+        for (int n = 0; n < C::kQN; ++n) {
+          if (row < nq) atomic_add2(dst + 16 * m * D + 8 * n, dq[m][n][0], dq[m][n][1]);
+          if (row + 8 < nq) atomic_add2(dst + (16 * m + 8) * D + 8 * n, dq[m][n][2], dq[m][n][3]);
+        }
+      }
+    }
+    h = h_next, ib = ib_next;
+  }
+  cp_async_wait<0>();  // K/V may still be landing if this block had no step
+
+#pragma unroll
+  for (int m = 0; m < C::kKM; ++m)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int64_t key = j0 + key0 + 16 * m + g + 8 * hh;
+      if (key >= nk) continue;
+#pragma unroll
+      for (int n = 0; n < C::kKN; ++n) {
+        const int64_t at = (kv_row0 + key) * D + kc0 + 8 * n + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk + at) = pack<T>(scale * dk_acc[m][n][2 * hh], scale * dk_acc[m][n][2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(dv + at) = pack<T>(dv_acc[m][n][2 * hh], dv_acc[m][n][2 * hh + 1]);
+      }
+    }
 }
 
 // dQ = scale · accumulator, rounded to T, 8 elements per thread.
@@ -337,11 +616,15 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
       static_cast<const T*>(a.o), static_cast<const T*>(a.dout), Dsum, acc, rows);
   FL_CUDA_CHECK_LAUNCH();
 
-  constexpr std::size_t bytes = std::size_t(2 * C::BC * D + 4 * BR * D + C::BC * BR) * sizeof(T) + 4 * BR * sizeof(float);
-  FL_CUDA_CHECK(cudaFuncSetAttribute(backward_mma_kernel<T, D, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  static_assert(sizeof(T) == 2, "kSmemBytes counts 16-bit tiles");
+  constexpr auto kernel = [] {
+    if constexpr (C::k2D) return backward_mma_2d_kernel<T, D, C>;
+    else return backward_mma_kernel<T, D, C>;
+  }();
+  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
   const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, C::BC)), unsigned(s.kv_heads), unsigned(s.batch));
   const float scale = s.softmax_scale();
-  backward_mma_kernel<T, D, C><<<grid, C::kThreads, bytes, stream>>>(
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse, Dsum, acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), int(s.heads),
       int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal);
@@ -356,7 +639,7 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
 // The variants measured on the way (docs/07_backward_recompute.md has the numbers); the default
 // is the fastest, and FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py.
 // Every variant computes the same gradients and passes the same tests.
-constexpr const char* kVariants[] = {"w8_kv", "w4", "w8", "w4_kv", "w4_occ"};
+constexpr const char* kVariants[] = {"w8_kv", "w4", "w8", "w4_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_kv"};
 
 int chosen_variant() {
   static const int v = [] {
@@ -380,7 +663,10 @@ void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
     case 1: return launch<T, D, Cfg<D, 4, false>>(s, a);    // w4: the first version, 4 warps, 64 keys
     case 2: return launch<T, D, Cfg<D, 8, false>>(s, a);    // w8: 8 warps, 128 keys
     case 3: return launch<T, D, Cfg<D, 4, D == 64>>(s, a);  // w4_kv: w4, K and V fragments in registers at d = 64
-    default: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);  // w4_occ: w4 held to 168 registers at d = 64 (3 blocks per SM)
+    case 4: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);  // w4_occ: w4 held to 168 registers at d = 64 (3 blocks per SM)
+    case 5: return launch<T, D, Cfg<D, 8, D == 64, 1, true>>(s, a);  // w8_kv_1s: w8_kv with one barrier per step
+    case 6: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64>>(s, a);  // t2d: 2D warp tiles, B_r = 128 at d = 64
+    default: return launch<T, D, Cfg2D<D, 64, D == 64>>(s, a);  // t2d_kv: 2D warp tiles, B_r = 64, K and V in registers at d = 64
   }
 }
 
