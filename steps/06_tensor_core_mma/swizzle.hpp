@@ -41,7 +41,7 @@ struct LaneRow {
   FL_HOST_DEVICE LaneRow(int row, int chunk) : off(uint32_t(2 * swz<LD>(row, 8 * chunk))) {}
   // The byte address for the piece at (r0, c0), r0 % 8 == 0, c0 % 16 == 0; `tile` is the tile's.
   FL_HOST_DEVICE uint32_t at(uint32_t tile, int r0, int c0) const {
-    return ((tile + off) ^ uint32_t(32 * ((c0 / 16) % 4))) + uint32_t(2 * (r0 * LD + 64 * (c0 / 64)));
+    return tile + (off ^ uint32_t(32 * ((c0 / 16) % 4))) + uint32_t(2 * (r0 * LD + 64 * (c0 / 64)));
   }
 };
 template <int LD>

@@ -187,6 +187,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   auto add_dq = [&](int h, int ib, uint32_t ds_buf) {
     const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);
     const int64_t row = int64_t(ib0 + ib) * BR + qr + g;
+    const bool whole = walk.i0(ib) + BR <= nq;  // no row to check: no branch around each atomic
     float* dst = dq_acc + (q_row0(h, ib) + qr + g) * D + col0 + 2 * t;
 #pragma unroll
     for (int chunk = 0; chunk < C::kDqCols / C::kDqChunk; ++chunk) {
@@ -213,8 +214,8 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
         for (int e = 0; e < 4; ++e)
 #pragma unroll
           for (int sp = 1; sp < kSplit; ++sp) dq[0][c][e] += dq[sp][c][e];
-        if (row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[0][c][0], dq[0][c][1]);
-        if (row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
+        if (whole || row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[0][c][0], dq[0][c][1]);
+        if (whole || row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
       }
     }
   };
@@ -566,13 +567,16 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
         }
       }
       float* dst = dq_acc + (q_row0(h, ib) + qq0 + g) * D + qc0 + 2 * t;
+      // A whole Q block (every block but a ragged last one) takes the branch-free path: a
+      // per-thread condition around each atomic costs the warp a branch and a reconvergence.
+      const bool whole = i0 + BR <= nq;
 #pragma unroll
       for (int m = 0; m < C::kQM; ++m) {
         const int64_t row = i0 + qq0 + 16 * m + g;
 #pragma unroll
         for (int n = 0; n < C::kQN; ++n) {
-          if (row < nq) atomic_add2(dst + 16 * m * D + 8 * n, dq[m][n][0], dq[m][n][1]);
-          if (row + 8 < nq) atomic_add2(dst + (16 * m + 8) * D + 8 * n, dq[m][n][2], dq[m][n][3]);
+          if (whole || row < nq) atomic_add2(dst + 16 * m * D + 8 * n, dq[m][n][0], dq[m][n][1]);
+          if (whole || row + 8 < nq) atomic_add2(dst + (16 * m + 8) * D + 8 * n, dq[m][n][2], dq[m][n][3]);
         }
       }
     }
