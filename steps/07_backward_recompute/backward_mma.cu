@@ -373,10 +373,10 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 //             A = dS read from dSᵀ transposed, B = K_j transposed; float2 atomics as before.
 //
 // The price is Pᵀ through shared memory (one more 16-bit store per element) and a larger tile
-// there. kKvRegs keeps the warp's K and V A-fragments (32 keys) in registers for the block.
-template <int D, int BRows, bool KvRegs = false>
+// there.
+template <int D, int BRows>
 struct Cfg2D {
-  static constexpr bool k2D = true, kKvRegs = KvRegs;
+  static constexpr bool k2D = true;
   static constexpr int kThreads = 256, kMinBlocks = 1, BC = 128, BR = BRows;
   static constexpr int kSM = 2, kSN = BR / 16;    // Sᵀ, dPᵀ: m16 tiles (keys), n8 tiles (query rows)
   static constexpr int kKM = 2, kKN = D / 16;     // dV, dK: m16 tiles (keys), n8 tiles (columns)
@@ -428,7 +428,6 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
   cp_async_commit();
 
   float dk_acc[C::kKM][C::kKN][4] = {}, dv_acc[C::kKM][C::kKN][4] = {};
-  uint32_t kf[C::kKvRegs ? C::kSM : 1][C::kKvRegs ? D / 16 : 1][4], vf[C::kKvRegs ? C::kSM : 1][C::kKvRegs ? D / 16 : 1][4];
 
   int h = 0, ib = walk.rot;
   for (int step = 0; step < steps; ++step) {
@@ -444,17 +443,6 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
     const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
     const float* Lb = Ls + buf * BR;
     const float* Db = Ds + buf * BR;
-    if constexpr (C::kKvRegs) {
-      if (step == 0) {
-#pragma unroll
-        for (int m = 0; m < C::kSM; ++m)
-#pragma unroll
-          for (int kk = 0; kk < D / 16; ++kk) {
-            ldmatrix_x4(kf[m][kk], la.at(ks, key0 + 16 * m, 16 * kk));
-            ldmatrix_x4(vf[m][kk], la.at(vs, key0 + 16 * m, 16 * kk));
-          }
-      }
-    }
 
     // Sᵀ and dPᵀ, keys key0.. × query rows sq0..: A = K_j (V_j) rows, B = Q_i (dO_i) rows.
     float st[C::kSM][C::kSN][4] = {}, dpt[C::kSM][C::kSN][4] = {};
@@ -463,13 +451,8 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
       uint32_t ak[C::kSM][4], av[C::kSM][4];
 #pragma unroll
       for (int m = 0; m < C::kSM; ++m) {
-        if constexpr (C::kKvRegs) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) ak[m][i] = kf[m][kk][i], av[m][i] = vf[m][kk][i];
-        } else {
-          ldmatrix_x4(ak[m], la.at(ks, key0 + 16 * m, 16 * kk));
-          ldmatrix_x4(av[m], la.at(vs, key0 + 16 * m, 16 * kk));
-        }
+        ldmatrix_x4(ak[m], la.at(ks, key0 + 16 * m, 16 * kk));
+        ldmatrix_x4(av[m], la.at(vs, key0 + 16 * m, 16 * kk));
       }
 #pragma unroll
       for (int np = 0; np < C::kSN / 2; ++np) {
@@ -640,18 +623,20 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
   FL_CUDA_CHECK_LAUNCH();
 }
 
-// The variants measured on the way (docs/07_backward_recompute.md has the numbers); the default
-// is the fastest, and FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py.
-// Every variant computes the same gradients and passes the same tests.
-constexpr const char* kVariants[] = {"w8_kv", "w4", "w8", "w4_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_kv"};
+// The variants measured on the way (docs/07_backward_recompute.md has the numbers). Without
+// FL_BACKWARD_VARIANT the fastest for the head dimension runs: t2d at d = 128, w8_kv at d = 64;
+// FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py. Every variant
+// computes the same gradients and passes the same tests.
+constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d"};
+enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kDefault };
 
-int chosen_variant() {
-  static const int v = [] {
+Variant chosen_variant() {
+  static const Variant v = [] {
     const char* e = std::getenv("FL_BACKWARD_VARIANT");
-    if (!e || !*e) return 0;
+    if (!e || !*e) return kDefault;
     std::string names;
     for (int i = 0; i < int(std::size(kVariants)); ++i) {
-      if (std::string(e) == kVariants[i]) return i;
+      if (std::string(e) == kVariants[i]) return Variant(i);
       names += std::string(i ? ", " : "") + kVariants[i];
     }
     throw InputError(std::string("rung ") + kMmaName + ": FL_BACKWARD_VARIANT=" + e + " is not a variant; there are " + names);
@@ -661,16 +646,18 @@ int chosen_variant() {
 
 template <class T, int D>
 void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
-  static_assert(Cfg<D, 8, D == 64>::BC == block_keys(DType::F16), "the default variant's B_c is the twin's");
-  switch (chosen_variant()) {
-    case 0: return launch<T, D, Cfg<D, 8, D == 64>>(s, a);  // w8_kv: 8 warps, 128 keys; K, V in registers at d = 64
-    case 1: return launch<T, D, Cfg<D, 4, false>>(s, a);    // w4: the first version, 4 warps, 64 keys
-    case 2: return launch<T, D, Cfg<D, 8, false>>(s, a);    // w8: 8 warps, 128 keys
-    case 3: return launch<T, D, Cfg<D, 4, D == 64>>(s, a);  // w4_kv: w4, K and V fragments in registers at d = 64
-    case 4: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);  // w4_occ: w4 held to 168 registers at d = 64 (3 blocks per SM)
-    case 5: return launch<T, D, Cfg<D, 8, D == 64, 1, true>>(s, a);  // w8_kv_1s: w8_kv with one barrier per step
-    case 6: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64>>(s, a);  // t2d: 2D warp tiles, B_r = 128 at d = 64
-    default: return launch<T, D, Cfg2D<D, 64, D == 64>>(s, a);  // t2d_kv: 2D warp tiles, B_r = 64, K and V in registers at d = 64
+  static_assert(Cfg<D, 8, D == 64>::BC == block_keys(DType::F16) && Cfg2D<D, D == 64 ? 128 : 64>::BC == block_keys(DType::F16),
+                "the default variants' B_c is the twin's");
+  Variant v = chosen_variant();
+  if (v == kDefault) v = D == 64 ? kW8Kv : kT2d;
+  switch (v) {
+    case kW4: return launch<T, D, Cfg<D, 4, false>>(s, a);                        // the first version: 4 warps, 64 keys
+    case kW8: return launch<T, D, Cfg<D, 8, false>>(s, a);                        // 8 warps, 128 keys
+    case kW4Kv: return launch<T, D, Cfg<D, 4, D == 64>>(s, a);                    // w4, K and V fragments in registers at d = 64
+    case kW8Kv: return launch<T, D, Cfg<D, 8, D == 64>>(s, a);                    // both
+    case kW4Occ: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);   // w4 held to 168 registers at d = 64 (3 blocks per SM)
+    case kW8Kv1s: return launch<T, D, Cfg<D, 8, D == 64, 1, true>>(s, a);        // w8_kv with one barrier per step
+    default: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64>>(s, a);           // t2d: 2D warp tiles (B_r = 128 at d = 64)
   }
 }
 
