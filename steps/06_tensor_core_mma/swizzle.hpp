@@ -32,9 +32,11 @@ FL_HOST_DEVICE constexpr int swz(int row, int col) {
 //     bottom-left, bottom-right, i.e. the B fragments of two n8 tiles of an N×K tile.
 // The lane's part is one byte offset, `off`, for the piece at (0, 0). For r0 a multiple of 8 the
 // row's swizzle key (row % 8) stays the same, and moving c0 by 16 within a group of 64 columns
-// only flips bits 5-6 of the byte address, so at() is one XOR with a compile-time constant plus a
-// compile-time offset once the loops are unrolled. The tile must start on a 128-byte boundary
-// (every row is a multiple of 128 bytes, so bits 5-6 of any row's start are then zero).
+// only flips bits 5-6 of the byte address, so at() is the lane offset XOR a compile-time constant,
+// plus the tile's address and a compile-time offset, once the loops are unrolled. The XOR may go
+// on the lane offset alone because the tile starts on a 128-byte boundary (every row is a multiple
+// of 128 bytes, so bits 5-6 of any row's start are zero); then the tile's part can stay in a
+// uniform register (docs/07, "Two-dimensional warp tiles").
 template <int LD>
 struct LaneRow {
   uint32_t off;  // bytes from the tile's start to this lane's row address for the piece at (0, 0)
