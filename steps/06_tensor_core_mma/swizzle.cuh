@@ -24,18 +24,12 @@ struct TileCopy : TileCopyOffsets<D, kThreads> {
 #pragma unroll
       for (int i = 0; i < kRows / kRowStep; ++i) cp_async_16(tile + this->dst_at(i), src + i * kRowStep * D);
     } else {
-      load_checked<kRows>(tile, g, valid);
-    }
-  }
-
-  // The same with every row checked: one code path whatever `valid` is.
-  template <int kRows, class T>
-  __device__ void load_checked(uint32_t tile, const T* g, int valid) const {
-    const int row = int(threadIdx.x) / Base::kChunks;
+      const int row = int(threadIdx.x) / Base::kChunks;
 #pragma unroll
-    for (int i = 0; i < kRows / kRowStep; ++i) {
-      const bool ok = row + i * kRowStep < valid;
-      cp_async_16(tile + this->dst_at(i), g + (ok ? this->src_at(i) : this->src % D), ok);
+      for (int i = 0; i < kRows / kRowStep; ++i) {
+        const bool ok = row + i * kRowStep < valid;
+        cp_async_16(tile + this->dst_at(i), g + (ok ? this->src_at(i) : this->src % D), ok);
+      }
     }
   }
 };

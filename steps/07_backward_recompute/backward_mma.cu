@@ -16,8 +16,10 @@
 //   for half of d's columns) by K_j, reading it back with ldmatrix.trans, and adds the result to
 //   an fp32 accumulator with float2 atomics.
 //
-// Three kernels: `preprocess_mma_kernel` (D = rowsum(dO ∘ O), and zeroes the accumulator),
-// `backward_mma_kernel`, and `convert_dq_kernel` (dQ = scale · accumulator, in the dtype).
+// Three kernels: `preprocess_mma_kernel` (D = rowsum(dO ∘ O), and zeroes the accumulator), the
+// main kernel, and `convert_dq_kernel` (dQ = scale · accumulator, in the dtype). The main kernel is
+// `backward_mma_kernel` as described here, or `backward_mma_2d_kernel` (below), which gives each
+// product its own warp layout; the default is the faster of the two for the head dimension.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -186,7 +188,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   // Nq add nothing.
   auto add_dq = [&](int h, int ib, uint32_t ds_buf) {
     const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);
-    const int64_t row = int64_t(ib0 + ib) * BR + qr + g;
+    const int64_t row = walk.i0(ib) + qr + g;
     const bool whole = walk.i0(ib) + BR <= nq;  // no row to check: no branch around each atomic
     float* dst = dq_acc + (q_row0(h, ib) + qr + g) * D + col0 + 2 * t;
 #pragma unroll
@@ -567,6 +569,7 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
   }
   cp_async_wait<0>();  // K/V may still be landing if this block had no step
 
+  // dK_j = scale · Σ dSᵀ Q and dV_j of the warp's keys and columns, rounded once, for the keys that exist.
 #pragma unroll
   for (int m = 0; m < C::kKM; ++m)
 #pragma unroll
@@ -629,6 +632,7 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
 // computes the same gradients and passes the same tests.
 constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d"};
 enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kDefault };
+static_assert(std::size(kVariants) == kDefault, "a name for every variant, in the enum's order");
 
 Variant chosen_variant() {
   static const Variant v = [] {
