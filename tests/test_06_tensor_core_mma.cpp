@@ -95,6 +95,30 @@ TEST(Swizzle, PrecomputedLdmatrixAddressesMatchTheLayout) {
   expect_lane_rows_match_swz<128>();
 }
 
+// LaneRow::moved, as rung 07's 2D kernel folds a warp's first row and column in: every (r0, c0)
+// its contract allows (r0 a multiple of 8; c0's and c's 16-column steps sharing no bit within a
+// group of 64 columns) gives the address of the unmoved pattern at (r0 + r, c0 + c).
+template <int LD>
+void expect_moved_lane_rows_match() {
+  const uint32_t tile = 4096u + 384u;
+  for (int lane = 0; lane < 32; ++lane)
+    for (const mma::LaneRow<LD> p : {mma::a_pattern<LD>(lane), mma::b_pattern<LD>(lane)})
+      for (int r0 = 0; r0 < 64; r0 += 8)
+        for (int c0 = 0; c0 < LD; c0 += 16) {
+          const mma::LaneRow<LD> m = p.moved(r0, c0);
+          for (int r = 0; r < 64; r += 8)
+            for (int c = 0; c0 + c < LD; c += 16) {
+              if (((c0 / 16) % 4) & ((c / 16) % 4)) continue;  // outside the contract
+              ASSERT_EQ(m.at(tile, r, c), p.at(tile, r0 + r, c0 + c))
+                  << "LD " << LD << " lane " << lane << " moved to (" << r0 << "," << c0 << "), at (" << r << "," << c << ")";
+            }
+        }
+}
+TEST(Swizzle, MovedLaneRowsAddUp) {
+  expect_moved_lane_rows_match<64>();
+  expect_moved_lane_rows_match<128>();
+}
+
 // v8's cp.async shares (TileCopyOffsets): every 16-byte chunk of the tile is copied exactly once,
 // from its place in global memory to its swizzled place in shared memory.
 template <int D, int kThreads, int kRows>

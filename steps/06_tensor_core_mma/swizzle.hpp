@@ -45,6 +45,17 @@ struct LaneRow {
   FL_HOST_DEVICE uint32_t at(uint32_t tile, int r0, int c0) const {
     return tile + (off ^ uint32_t(32 * ((c0 / 16) % 4))) + uint32_t(2 * (r0 * LD + 64 * (c0 / 64)));
   }
+  // The pattern moved to the piece at (r0, c0), for a warp whose pieces all lie past it: at(tile,
+  // r, c) of the result is at(tile, r0 + r, c0 + c) of this one. Folding a warp's own first row
+  // and column in once leaves one register per address and nothing to add per ldmatrix (docs/07,
+  // "One register per address"). Exact when r0 % 8 == 0 and, within a group of 64 columns, the
+  // 16-column steps of c0 and of every later c have no bit in common (so XOR is addition):
+  // c0 % 64 == 0, or e.g. c0 % 64 == 32 with c % 64 < 32.
+  FL_HOST_DEVICE LaneRow moved(int r0, int c0) const {
+    LaneRow m = *this;
+    m.off = at(0, r0, c0);
+    return m;
+  }
 };
 template <int LD>
 FL_HOST_DEVICE LaneRow<LD> a_pattern(int lane) { return LaneRow<LD>(lane % 16, lane / 16); }

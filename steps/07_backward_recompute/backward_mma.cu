@@ -75,6 +75,17 @@ __device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
 #endif
 }
 
+// Calls body(in_range) once, for the dQ atomics of a Q block: in_range(r) is r < Nq for a ragged
+// last block and a constant true for a whole one, so that ptxas compiles the whole-block case, the
+// common one, as a run of atomics with no condition. A condition around each atomic costs the warp
+// a branch and a reconvergence and, as ptxas compiled `whole || row < nq`, the address worked out
+// again for every atomic (docs/07, "One register per address").
+template <class Body>
+__device__ __forceinline__ void with_row_check(bool whole, int64_t nq, Body body) {
+  if (whole) body([](int64_t) { return true; });
+  else body([nq](int64_t r) { return r < nq; });
+}
+
 // D_r = Σ_c dO_rc · O_rc in fp32, D/8 lanes per row (one 16-byte chunk each), and the row's dQ
 // accumulator set to zero.
 template <class T, int D>
@@ -156,11 +167,15 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   // Shared-memory addresses as rung 06's v8 makes them: the lane's part once, here (swizzle.hpp).
+  const int kw = 16 * warp;  // the warp's first key of the block, and later its first query row
+  const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);  // dQ: the warp's rows, columns
   const LaneRow<D> la = a_pattern<D>(lane), lb = b_pattern<D>(lane);
-  const LaneRow<BR> ls = b_pattern<BR>(lane);  // dSᵀ, read transposed for dQ
+  // The same with the warp's own first row or column folded in (LaneRow::moved): K_j, V_j rows
+  // kw.. (A of Sᵀ, dPᵀ); dSᵀ columns qr.. and K_j columns col0.. (A and B of dQ).
+  const LaneRow<D> lk = la.moved(kw, 0), lkq = la.moved(0, col0);
+  const LaneRow<BR> lsq = b_pattern<BR>(lane).moved(0, qr);
   const TileCopy<D, kThreads> copy(threadIdx.x);
   const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ds_s = smem_u32(dSs);
-  const int kw = 16 * warp;  // the warp's first key of the block, and later its first query row
   const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
   const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
@@ -187,9 +202,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   // A(m, k) = dSᵀ[k][m], read with ldmatrix.trans; B(k, n) = K[k][n], also transposed. Rows past
   // Nq add nothing.
   auto add_dq = [&](int h, int ib, uint32_t ds_buf) {
-    const int qr = 16 * (warp % 4), col0 = C::kDqCols * (warp / 4);
     const int64_t row = walk.i0(ib) + qr + g;
-    const bool whole = walk.i0(ib) + BR <= nq;  // no row to check: no branch around each atomic
     float* dst = dq_acc + (q_row0(h, ib) + qr + g) * D + col0 + 2 * t;
 #pragma unroll
     for (int chunk = 0; chunk < C::kDqCols / C::kDqChunk; ++chunk) {
@@ -201,24 +214,28 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
         uint32_t a[4];
-        ldmatrix_x4_trans(a, ls.at(ds_buf, 16 * kk, qr));
+        ldmatrix_x4_trans(a, lsq.at(ds_buf, 16 * kk, 0));
 #pragma unroll
         for (int cp = 0; cp < NT / 2; ++cp) {
           uint32_t bk[4];
-          ldmatrix_x4_trans(bk, la.at(ks, 16 * kk, col0 + C::kDqChunk * chunk + 16 * cp));
+          ldmatrix_x4_trans(bk, lkq.at(ks, 16 * kk, C::kDqChunk * chunk + 16 * cp));
           mma_16816<T>(dq[kk % kSplit][2 * cp], a, bk[0], bk[1]);
           mma_16816<T>(dq[kk % kSplit][2 * cp + 1], a, bk[2], bk[3]);
         }
       }
 #pragma unroll
-      for (int c = 0; c < NT; ++c) {
+      for (int c = 0; c < NT; ++c)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
 #pragma unroll
           for (int sp = 1; sp < kSplit; ++sp) dq[0][c][e] += dq[sp][c][e];
-        if (whole || row < nq) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[0][c][0], dq[0][c][1]);
-        if (whole || row + 8 < nq) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
-      }
+      with_row_check(walk.i0(ib) + BR <= nq, nq, [&](auto in_range) {
+#pragma unroll
+        for (int c = 0; c < NT; ++c) {
+          if (in_range(row)) atomic_add2(dst + C::kDqChunk * chunk + 8 * c, dq[0][c][0], dq[0][c][1]);
+          if (in_range(row + 8)) atomic_add2(dst + 8 * D + C::kDqChunk * chunk + 8 * c, dq[0][c][2], dq[0][c][3]);
+        }
+      });
     }
   };
 
@@ -245,8 +262,8 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
       if (step == 0) {  // K_j, V_j have landed: their A fragments stay in registers from here on
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-          ldmatrix_x4(kf[kk], la.at(ks, kw, 16 * kk));
-          ldmatrix_x4(vf[kk], la.at(vs, kw, 16 * kk));
+          ldmatrix_x4(kf[kk], lk.at(ks, 0, 16 * kk));
+          ldmatrix_x4(vf[kk], lk.at(vs, 0, 16 * kk));
         }
       }
     }
@@ -260,8 +277,8 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 #pragma unroll
         for (int i = 0; i < 4; ++i) ak[i] = kf[kk][i], av[i] = vf[kk][i];
       } else {
-        ldmatrix_x4(ak, la.at(ks, kw, 16 * kk));
-        ldmatrix_x4(av, la.at(vs, kw, 16 * kk));
+        ldmatrix_x4(ak, lk.at(ks, 0, 16 * kk));
+        ldmatrix_x4(av, lk.at(vs, 0, 16 * kk));
       }
 #pragma unroll
       for (int np = 0; np < BR / 16; ++np) {  // B(k, n) = Q[n][k]: rows of Q are columns of B
@@ -376,9 +393,9 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 //
 // The price is Pᵀ through shared memory (one more 16-bit store per element) and a larger tile
 // there.
-template <int D, int BRows>
+template <int D, int BRows, bool Fold = true>
 struct Cfg2D {
-  static constexpr bool k2D = true;
+  static constexpr bool k2D = true, kFold = Fold;
   static constexpr int kThreads = 256, kMinBlocks = 1, BC = 128, BR = BRows;
   static constexpr int kSM = 2, kSN = BR / 16;    // Sᵀ, dPᵀ: m16 tiles (keys), n8 tiles (query rows)
   static constexpr int kKM = 2, kKN = D / 16;     // dV, dK: m16 tiles (keys), n8 tiles (columns)
@@ -406,14 +423,22 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
   float* Ds = Ls + 2 * BR;                               // [2][BR]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const LaneRow<D> la = a_pattern<D>(lane), lb = b_pattern<D>(lane);
-  const LaneRow<BR> lpa = a_pattern<BR>(lane), lpb = b_pattern<BR>(lane);
   const TileCopy<D, kThreads> copy(threadIdx.x);
   const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ps = smem_u32(Ps), ds_s = smem_u32(dSs);
   const int key0 = 32 * (warp % 4);              // Sᵀ, dPᵀ, dV, dK: the warp's 32 keys
   const int sq0 = (BR / 2) * (warp / 4);         // Sᵀ, dPᵀ: the warp's query rows
   const int kc0 = (D / 2) * (warp / 4);          // dV, dK: the warp's columns
   const int qq0 = (BR / 2) * (warp % 2), qc0 = (D / 4) * (warp / 2);  // dQ: rows, columns
+  // The lane's ldmatrix patterns with the warp's first row or column folded in (LaneRow::moved),
+  // one per operand: every load below is then one register, the tile and a constant.
+  constexpr bool F = C::kFold;
+  const LaneRow<D> lk = a_pattern<D>(lane).moved(F ? key0 : 0, 0);     // K_j, V_j: A of Sᵀ, dPᵀ
+  const LaneRow<D> lq = b_pattern<D>(lane).moved(F ? sq0 : 0, 0);      // Q_i, dO_i: B of Sᵀ, dPᵀ
+  const LaneRow<BR> lp = a_pattern<BR>(lane).moved(F ? key0 : 0, 0);   // Pᵀ, dSᵀ: A of dV, dK
+  const LaneRow<D> lt = a_pattern<D>(lane).moved(0, F ? kc0 : 0);      // dO_i, Q_i: B of dV, dK
+  const LaneRow<BR> lsq = b_pattern<BR>(lane).moved(0, F ? qq0 : 0);   // dSᵀ: A of dQ
+  const LaneRow<D> lkq = a_pattern<D>(lane).moved(0, F ? qc0 : 0);     // K_j: B of dQ
+  const int fk = F ? 0 : key0, fs = F ? 0 : sq0, fc = F ? 0 : kc0, fq = F ? 0 : qq0, fqc = F ? 0 : qc0;
   const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
   const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
@@ -453,14 +478,14 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
       uint32_t ak[C::kSM][4], av[C::kSM][4];
 #pragma unroll
       for (int m = 0; m < C::kSM; ++m) {
-        ldmatrix_x4(ak[m], la.at(ks, key0 + 16 * m, 16 * kk));
-        ldmatrix_x4(av[m], la.at(vs, key0 + 16 * m, 16 * kk));
+        ldmatrix_x4(ak[m], lk.at(ks, fk + 16 * m, 16 * kk));
+        ldmatrix_x4(av[m], lk.at(vs, fk + 16 * m, 16 * kk));
       }
 #pragma unroll
       for (int np = 0; np < C::kSN / 2; ++np) {
         uint32_t bq[4], bo[4];
-        ldmatrix_x4(bq, lb.at(qb, sq0 + 16 * np, 16 * kk));
-        ldmatrix_x4(bo, lb.at(dob, sq0 + 16 * np, 16 * kk));
+        ldmatrix_x4(bq, lq.at(qb, fs + 16 * np, 16 * kk));
+        ldmatrix_x4(bo, lq.at(dob, fs + 16 * np, 16 * kk));
 #pragma unroll
         for (int m = 0; m < C::kSM; ++m) {
           mma_16816<T>(st[m][2 * np], ak[m], bq[0], bq[1]);
@@ -513,14 +538,14 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
       uint32_t ap[C::kKM][4], as[C::kKM][4];
 #pragma unroll
       for (int m = 0; m < C::kKM; ++m) {
-        ldmatrix_x4(ap[m], lpa.at(ps, key0 + 16 * m, 16 * kk));
-        ldmatrix_x4(as[m], lpa.at(ds_s, key0 + 16 * m, 16 * kk));
+        ldmatrix_x4(ap[m], lp.at(ps, fk + 16 * m, 16 * kk));
+        ldmatrix_x4(as[m], lp.at(ds_s, fk + 16 * m, 16 * kk));
       }
 #pragma unroll
       for (int cp = 0; cp < C::kKN / 2; ++cp) {
         uint32_t bo[4], bq[4];
-        ldmatrix_x4_trans(bo, la.at(dob, 16 * kk, kc0 + 16 * cp));
-        ldmatrix_x4_trans(bq, la.at(qb, 16 * kk, kc0 + 16 * cp));
+        ldmatrix_x4_trans(bo, lt.at(dob, 16 * kk, fc + 16 * cp));
+        ldmatrix_x4_trans(bq, lt.at(qb, 16 * kk, fc + 16 * cp));
 #pragma unroll
         for (int m = 0; m < C::kKM; ++m) {
           mma_16816<T>(dv_acc[m][2 * cp], ap[m], bo[0], bo[1]);
@@ -539,11 +564,11 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
       for (int kk = 0; kk < BC / 16; ++kk) {
         uint32_t a[C::kQM][4];
 #pragma unroll
-        for (int m = 0; m < C::kQM; ++m) ldmatrix_x4_trans(a[m], lpb.at(ds_s, 16 * kk, qq0 + 16 * m));
+        for (int m = 0; m < C::kQM; ++m) ldmatrix_x4_trans(a[m], lsq.at(ds_s, 16 * kk, fq + 16 * m));
 #pragma unroll
         for (int cp = 0; cp < C::kQN / 2; ++cp) {
           uint32_t bk[4];
-          ldmatrix_x4_trans(bk, la.at(ks, 16 * kk, qc0 + 16 * cp));
+          ldmatrix_x4_trans(bk, lkq.at(ks, 16 * kk, fqc + 16 * cp));
 #pragma unroll
           for (int m = 0; m < C::kQM; ++m) {
             mma_16816<T>(dq[m][2 * cp], a[m], bk[0], bk[1]);
@@ -552,18 +577,17 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
         }
       }
       float* dst = dq_acc + (q_row0(h, ib) + qq0 + g) * D + qc0 + 2 * t;
-      // A whole Q block (every block but a ragged last one) takes the branch-free path: a
-      // per-thread condition around each atomic costs the warp a branch and a reconvergence.
-      const bool whole = i0 + BR <= nq;
+      with_row_check(i0 + BR <= nq, nq, [&](auto in_range) {
 #pragma unroll
-      for (int m = 0; m < C::kQM; ++m) {
-        const int64_t row = i0 + qq0 + 16 * m + g;
+        for (int m = 0; m < C::kQM; ++m) {
+          const int64_t row = i0 + qq0 + 16 * m + g;
 #pragma unroll
-        for (int n = 0; n < C::kQN; ++n) {
-          if (whole || row < nq) atomic_add2(dst + 16 * m * D + 8 * n, dq[m][n][0], dq[m][n][1]);
-          if (whole || row + 8 < nq) atomic_add2(dst + (16 * m + 8) * D + 8 * n, dq[m][n][2], dq[m][n][3]);
+          for (int n = 0; n < C::kQN; ++n) {
+            if (in_range(row)) atomic_add2(dst + 16 * m * D + 8 * n, dq[m][n][0], dq[m][n][1]);
+            if (in_range(row + 8)) atomic_add2(dst + (16 * m + 8) * D + 8 * n, dq[m][n][2], dq[m][n][3]);
+          }
         }
-      }
+      });
     }
     h = h_next, ib = ib_next;
   }
@@ -630,22 +654,21 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
 // FL_BACKWARD_VARIANT the fastest for the head dimension runs: t2d at d = 128, w8_kv at d = 64;
 // FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py. Every variant
 // computes the same gradients and passes the same tests.
-constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d"};
-enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kDefault };
+constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold", "t2d_br64"};
+enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kT2dNoFold, kT2dBr64, kDefault };
 static_assert(std::size(kVariants) == kDefault, "a name for every variant, in the enum's order");
 
+// Read at every call (a getenv and a few compares, next to a kernel of milliseconds), so that a
+// benchmark can switch variants inside one process and time them all against the same FA2 run.
 Variant chosen_variant() {
-  static const Variant v = [] {
-    const char* e = std::getenv("FL_BACKWARD_VARIANT");
-    if (!e || !*e) return kDefault;
-    std::string names;
-    for (int i = 0; i < int(std::size(kVariants)); ++i) {
-      if (std::string(e) == kVariants[i]) return Variant(i);
-      names += std::string(i ? ", " : "") + kVariants[i];
-    }
-    throw InputError(std::string("rung ") + kMmaName + ": FL_BACKWARD_VARIANT=" + e + " is not a variant; there are " + names);
-  }();
-  return v;
+  const char* e = std::getenv("FL_BACKWARD_VARIANT");
+  if (!e || !*e) return kDefault;
+  std::string names;
+  for (int i = 0; i < int(std::size(kVariants)); ++i) {
+    if (std::string(e) == kVariants[i]) return Variant(i);
+    names += std::string(i ? ", " : "") + kVariants[i];
+  }
+  throw InputError(std::string("rung ") + kMmaName + ": FL_BACKWARD_VARIANT=" + e + " is not a variant; there are " + names);
 }
 
 template <class T, int D>
@@ -661,6 +684,8 @@ void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
     case kW8Kv: return launch<T, D, Cfg<D, 8, D == 64>>(s, a);                    // both
     case kW4Occ: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);   // w4 held to 168 registers at d = 64 (3 blocks per SM)
     case kW8Kv1s: return launch<T, D, Cfg<D, 8, D == 64, 1, true>>(s, a);        // w8_kv with one barrier per step
+    case kT2dNoFold: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64, false>>(s, a);
+    case kT2dBr64: return launch<T, D, Cfg2D<D, 64>>(s, a);
     default: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64>>(s, a);           // t2d: 2D warp tiles (B_r = 128 at d = 64)
   }
 }
