@@ -120,12 +120,14 @@ template <int BR>
 struct StepWalk {
   int64_t j0;           // the block's first key
   int ib0, n_ib, rot;   // first Q block, how many, where the walk starts
-  __device__ StepWalk(unsigned jb, int BC, int64_t nq, int64_t nk, bool causal) : j0(int64_t(jb) * BC) {
+  __device__ StepWalk(unsigned jb, int BC, int64_t nq, int64_t nk, bool causal, int spread) : j0(int64_t(jb) * BC) {
     const int64_t off = nk - nq;  // row i sees keys ≤ i + off (causal, aligned bottom-right)
     const int64_t first_row = causal ? std::max(int64_t(0), j0 - off) : 0;
     ib0 = int(first_row / BR);
     n_ib = first_row < nq ? int(ceil_div<int64_t>(nq, BR)) - ib0 : 0;
-    rot = n_ib > 0 ? int(jb % unsigned(n_ib)) : 0;
+    if (n_ib == 0) rot = 0;
+    else if (spread <= 0) rot = int(jb % unsigned(n_ib));
+    else rot = int(int64_t(jb % unsigned(spread)) * n_ib / spread);
   }
   __device__ int64_t i0(int ib) const { return int64_t(ib0 + ib) * BR; }  // the Q block's first row
 };
@@ -154,7 +156,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
                     const float* __restrict__ lse, const float* __restrict__ Dsum,  // [B,H,Nq] each
                     float* __restrict__ dq_acc,  // [B,H,Nq,d] fp32, zeroed, added to atomically, unscaled
                     T* __restrict__ dk, T* __restrict__ dv,  // [B,Hkv,Nk,d]
-                    int heads, int group, int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
+                    int heads, int group, int64_t nq, int64_t nk, float scale_log2, float scale, bool causal, int spread) {
   constexpr int BC = C::BC, kThreads = C::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: LaneRow's XOR needs it
   T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
@@ -176,7 +178,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   const LaneRow<BR> lsq = b_pattern<BR>(lane).moved(0, qr);
   const TileCopy<D, kThreads> copy(threadIdx.x);
   const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ds_s = smem_u32(dSs);
-  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
+  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal, spread);
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
   const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
   const int ib0 = walk.ib0, n_ib = walk.n_ib, rot = walk.rot, steps = group * n_ib;
@@ -410,7 +412,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dsum,
                        float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int heads, int group,
-                       int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
+                       int64_t nq, int64_t nk, float scale_log2, float scale, bool causal, int spread) {
   constexpr int BC = C::BC, BR = C::BR, kThreads = C::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: LaneRow's XOR needs it
   T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
@@ -439,7 +441,7 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
   const LaneRow<BR> lsq = b_pattern<BR>(lane).moved(0, F ? qq0 : 0);   // dSᵀ: A of dQ
   const LaneRow<D> lkq = a_pattern<D>(lane).moved(0, F ? qc0 : 0);     // K_j: B of dQ
   const int fk = F ? 0 : key0, fs = F ? 0 : sq0, fc = F ? 0 : kc0, fq = F ? 0 : qq0, fqc = F ? 0 : qc0;
-  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
+  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal, spread);
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
   const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
   auto q_row0 = [&](int h, int ib) { return (int64_t(b) * heads + hk * group + h) * nq + walk.i0(ib); };
@@ -638,10 +640,12 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
   const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, C::BC)), unsigned(s.kv_heads), unsigned(s.batch));
   const float scale = s.softmax_scale();
+  const char* sp = std::getenv("FL_BACKWARD_SPREAD");  // EXPERIMENT: distinct starting Q blocks (0: one per K/V block)
+  const int spread = sp ? std::atoi(sp) : 0;
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse, Dsum, acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), int(s.heads),
-      int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal);
+      int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal, spread);
   FL_CUDA_CHECK_LAUNCH();
 
   const int64_t n8 = s.q_elems() / 8;
