@@ -2,9 +2,9 @@
 """The variants of rung 07's tensor-core backward, side by side, each against FlashAttention-2.
 
 backward_mma.cu builds several ways of cutting the same work (kVariants there: w4, w8, w4_kv,
-w8_kv, w4_occ, w8_kv_1s, t2d; docs/07_backward_recompute.md says what each changes). The library
-runs the default (t2d at d = 128, w8_kv at d = 64) unless FL_BACKWARD_VARIANT names another, read
-once per process. This script runs bench/compare_torch.py once per variant, in its own process with that variable set, on the rung
+w8_kv, w4_occ, w8_kv_1s, t2d, t2d_nofold; docs/07_backward_recompute.md says what each changes). The library
+runs the default (t2d at d = 128, w8_kv at d = 64) unless FL_BACKWARD_VARIANT names another (read
+at every call). This script runs bench/compare_torch.py once per variant, in its own process with that variable set, on the rung
 07_backward_recompute/mma and SDPA's flash backend only, and prints each variant's backward time as
 a ratio to FA2's backward measured in the same process (ratios, never times, compare across
 processes).
@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 RUNG = "07_backward_recompute/mma"
-VARIANTS = ["w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d"]  # the order they were tried in
+VARIANTS = ["w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold"]  # the order they were tried in
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

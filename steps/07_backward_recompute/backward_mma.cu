@@ -120,16 +120,29 @@ template <int BR>
 struct StepWalk {
   int64_t j0;           // the block's first key
   int ib0, n_ib, rot;   // first Q block, how many, where the walk starts
-  __device__ StepWalk(unsigned jb, int BC, int64_t nq, int64_t nk, bool causal, int spread) : j0(int64_t(jb) * BC) {
+  __device__ StepWalk(unsigned jb, int BC, int64_t nq, int64_t nk, bool causal) : j0(int64_t(jb) * BC) {
     const int64_t off = nk - nq;  // row i sees keys ≤ i + off (causal, aligned bottom-right)
     const int64_t first_row = causal ? std::max(int64_t(0), j0 - off) : 0;
     ib0 = int(first_row / BR);
     n_ib = first_row < nq ? int(ceil_div<int64_t>(nq, BR)) - ib0 : 0;
-    if (n_ib == 0) rot = 0;
-    else if (spread <= 0) rot = int(jb % unsigned(n_ib));
-    else rot = int(int64_t(jb % unsigned(spread)) * n_ib / spread);
+    rot = n_ib > 0 ? int(jb % unsigned(n_ib)) : 0;
   }
   __device__ int64_t i0(int ib) const { return int64_t(ib0 + ib) * BR; }  // the Q block's first row
+};
+
+// Which (key, query row) pairs of a step are masked, in 32-bit offsets within its tiles: key kb of
+// the K/V block (0..BC-1) and row rb of the Q block (0..BR-1) are masked when the key is past Nk
+// or, causal, past the row's limit (key > row + Nk − Nq): kb ≥ keys, or kb − rb > diag with
+// diag = i0 + off − j0 clamped to [−BR, BC] (past either end all pairs, or none, are masked, as
+// without the clamp). 32-bit compares of a few registers, where 64-bit keys and rows cost two
+// compares each and registers the 2D kernel does not have to spare.
+struct StepMask {
+  int keys, diag, bc;
+  __device__ StepMask(int64_t j0, int64_t i0, int64_t nk, int64_t off, int BC, int BR, bool causal)
+      : keys(int(std::min<int64_t>(nk - j0, BC))),
+        diag(causal ? int(std::clamp<int64_t>(i0 + off - j0, -BR, BC)) : BC), bc(BC) {}
+  __device__ bool any() const { return keys < bc || diag < bc - 1; }  // is any pair of the step masked?
+  __device__ bool masked(int kb, int rb) const { return kb >= keys || kb - rb > diag; }
 };
 
 // One step's tiles by cp.async: rows row0.. (of [B·H·Nq]) of Q and dO, `valid` of them real, and
@@ -156,7 +169,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
                     const float* __restrict__ lse, const float* __restrict__ Dsum,  // [B,H,Nq] each
                     float* __restrict__ dq_acc,  // [B,H,Nq,d] fp32, zeroed, added to atomically, unscaled
                     T* __restrict__ dk, T* __restrict__ dv,  // [B,Hkv,Nk,d]
-                    int heads, int group, int64_t nq, int64_t nk, float scale_log2, float scale, bool causal, int spread) {
+                    int heads, int group, int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
   constexpr int BC = C::BC, kThreads = C::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: LaneRow's XOR needs it
   T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
@@ -178,7 +191,7 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
   const LaneRow<BR> lsq = b_pattern<BR>(lane).moved(0, qr);
   const TileCopy<D, kThreads> copy(threadIdx.x);
   const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ds_s = smem_u32(dSs);
-  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal, spread);
+  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
   const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
   const int ib0 = walk.ib0, n_ib = walk.n_ib, rot = walk.rot, steps = group * n_ib;
@@ -297,13 +310,12 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
     // Pᵀ = 2^(Sᵀ·scale·log2 e − L·log2 e) and dSᵀ = Pᵀ ∘ (dPᵀ − D), in place. Element e of tile n
     // is key kw + g + 8·(e/2), query row 8n + 2t + e%2. Only a block with keys past Nk or keys
     // past some row's causal limit is masked.
-    if (j0 + BC > nk || (causal && j0 + BC - 1 > i0 + off)) {
+    if (const StepMask mask(j0, i0, nk, off, BC, BR, causal); mask.any()) {
 #pragma unroll
       for (int n = 0; n < BR / 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int64_t key = j0 + kw + g + 8 * (e / 2), row = i0 + 8 * n + 2 * t + e % 2;
-          if (key >= nk || (causal && key > row + off)) st[n][e] = -INFINITY;
+          if (mask.masked(kw + g + 8 * (e / 2), 8 * n + 2 * t + e % 2)) st[n][e] = -INFINITY;
         }
     }
 #pragma unroll
@@ -394,7 +406,9 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 //             A = dS read from dSᵀ transposed, B = K_j transposed; float2 atomics as before.
 //
 // The price is Pᵀ through shared memory (one more 16-bit store per element) and a larger tile
-// there.
+// there. Fold folds each warp's first row or column into its ldmatrix patterns once
+// (LaneRow::moved); without it (variant t2d_nofold) every load adds them again (docs/07, "One
+// register per address").
 template <int D, int BRows, bool Fold = true>
 struct Cfg2D {
   static constexpr bool k2D = true, kFold = Fold;
@@ -412,7 +426,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
 backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                        const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dsum,
                        float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int heads, int group,
-                       int64_t nq, int64_t nk, float scale_log2, float scale, bool causal, int spread) {
+                       int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
   constexpr int BC = C::BC, BR = C::BR, kThreads = C::kThreads;
   extern __shared__ __align__(128) unsigned char smem_raw[];  // 128: LaneRow's XOR needs it
   T* Ks = reinterpret_cast<T*>(smem_raw);  // [BC][D]
@@ -432,7 +446,8 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
   const int kc0 = (D / 2) * (warp / 4);          // dV, dK: the warp's columns
   const int qq0 = (BR / 2) * (warp % 2), qc0 = (D / 4) * (warp / 2);  // dQ: rows, columns
   // The lane's ldmatrix patterns with the warp's first row or column folded in (LaneRow::moved),
-  // one per operand: every load below is then one register, the tile and a constant.
+  // one per operand: every load below is then one register, the tile and a constant. Without
+  // Fold the patterns stay at (0, 0) and the loads add the warp's offsets (fk, fs, ...) each time.
   constexpr bool F = C::kFold;
   const LaneRow<D> lk = a_pattern<D>(lane).moved(F ? key0 : 0, 0);     // K_j, V_j: A of Sᵀ, dPᵀ
   const LaneRow<D> lq = b_pattern<D>(lane).moved(F ? sq0 : 0, 0);      // Q_i, dO_i: B of Sᵀ, dPᵀ
@@ -441,7 +456,7 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
   const LaneRow<BR> lsq = b_pattern<BR>(lane).moved(0, F ? qq0 : 0);   // dSᵀ: A of dQ
   const LaneRow<D> lkq = a_pattern<D>(lane).moved(0, F ? qc0 : 0);     // K_j: B of dQ
   const int fk = F ? 0 : key0, fs = F ? 0 : sq0, fc = F ? 0 : kc0, fq = F ? 0 : qq0, fqc = F ? 0 : qc0;
-  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal, spread);
+  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
   const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
   const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
   auto q_row0 = [&](int h, int ib) { return (int64_t(b) * heads + hk * group + h) * nq + walk.i0(ib); };
@@ -473,42 +488,42 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
     const float* Lb = Ls + buf * BR;
     const float* Db = Ds + buf * BR;
 
-    // Sᵀ and dPᵀ, keys key0.. × query rows sq0..: A = K_j (V_j) rows, B = Q_i (dO_i) rows.
+    // Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ, keys key0.. × query rows sq0..: A = K_j (V_j) rows, B =
+    // Q_i (dO_i) rows. One product after the other, as FlashAttention-2 does: the fragments of only
+    // one are live at a time, 12 registers fewer at the kernel's fullest point ("One register per
+    // address" in docs/07 says why that matters more than it looks).
     float st[C::kSM][C::kSN][4] = {}, dpt[C::kSM][C::kSN][4] = {};
+    auto key_by_row = [&](float (&acc)[C::kSM][C::kSN][4], uint32_t a_tile, uint32_t b_tile) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t ak[C::kSM][4], av[C::kSM][4];
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t a[C::kSM][4];
 #pragma unroll
-      for (int m = 0; m < C::kSM; ++m) {
-        ldmatrix_x4(ak[m], lk.at(ks, fk + 16 * m, 16 * kk));
-        ldmatrix_x4(av[m], lk.at(vs, fk + 16 * m, 16 * kk));
-      }
+        for (int m = 0; m < C::kSM; ++m) ldmatrix_x4(a[m], lk.at(a_tile, fk + 16 * m, 16 * kk));
 #pragma unroll
-      for (int np = 0; np < C::kSN / 2; ++np) {
-        uint32_t bq[4], bo[4];
-        ldmatrix_x4(bq, lq.at(qb, fs + 16 * np, 16 * kk));
-        ldmatrix_x4(bo, lq.at(dob, fs + 16 * np, 16 * kk));
+        for (int np = 0; np < C::kSN / 2; ++np) {
+          uint32_t bf[4];
+          ldmatrix_x4(bf, lq.at(b_tile, fs + 16 * np, 16 * kk));
 #pragma unroll
-        for (int m = 0; m < C::kSM; ++m) {
-          mma_16816<T>(st[m][2 * np], ak[m], bq[0], bq[1]);
-          mma_16816<T>(st[m][2 * np + 1], ak[m], bq[2], bq[3]);
-          mma_16816<T>(dpt[m][2 * np], av[m], bo[0], bo[1]);
-          mma_16816<T>(dpt[m][2 * np + 1], av[m], bo[2], bo[3]);
+          for (int m = 0; m < C::kSM; ++m) {
+            mma_16816<T>(acc[m][2 * np], a[m], bf[0], bf[1]);
+            mma_16816<T>(acc[m][2 * np + 1], a[m], bf[2], bf[3]);
+          }
         }
       }
-    }
+    };
+    key_by_row(st, ks, qb);
+    key_by_row(dpt, vs, dob);
 
     // Pᵀ and dSᵀ in place, then to shared memory. Element e of tile (m, n) is key
     // key0 + 16m + g + 8·(e/2), query row sq0 + 8n + 2t + e%2.
-    if (j0 + BC > nk || (causal && j0 + BC - 1 > i0 + off)) {
+    if (const StepMask mask(j0, i0, nk, off, BC, BR, causal); mask.any()) {
 #pragma unroll
       for (int m = 0; m < C::kSM; ++m)
 #pragma unroll
         for (int n = 0; n < C::kSN; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int64_t key = j0 + key0 + 16 * m + g + 8 * (e / 2), row = i0 + sq0 + 8 * n + 2 * t + e % 2;
-            if (key >= nk || (causal && key > row + off)) st[m][n][e] = -INFINITY;
+            if (mask.masked(key0 + 16 * m + g + 8 * (e / 2), sq0 + 8 * n + 2 * t + e % 2)) st[m][n][e] = -INFINITY;
           }
     }
 #pragma unroll
@@ -640,12 +655,10 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
   const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, C::BC)), unsigned(s.kv_heads), unsigned(s.batch));
   const float scale = s.softmax_scale();
-  const char* sp = std::getenv("FL_BACKWARD_SPREAD");  // EXPERIMENT: distinct starting Q blocks (0: one per K/V block)
-  const int spread = sp ? std::atoi(sp) : 0;
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse, Dsum, acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), int(s.heads),
-      int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal, spread);
+      int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal);
   FL_CUDA_CHECK_LAUNCH();
 
   const int64_t n8 = s.q_elems() / 8;
@@ -658,8 +671,8 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
 // FL_BACKWARD_VARIANT the fastest for the head dimension runs: t2d at d = 128, w8_kv at d = 64;
 // FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py. Every variant
 // computes the same gradients and passes the same tests.
-constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold", "t2d_br64"};
-enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kT2dNoFold, kT2dBr64, kDefault };
+constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold"};
+enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kT2dNoFold, kDefault };
 static_assert(std::size(kVariants) == kDefault, "a name for every variant, in the enum's order");
 
 // Read at every call (a getenv and a few compares, next to a kernel of milliseconds), so that a
@@ -688,8 +701,7 @@ void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
     case kW8Kv: return launch<T, D, Cfg<D, 8, D == 64>>(s, a);                    // both
     case kW4Occ: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);   // w4 held to 168 registers at d = 64 (3 blocks per SM)
     case kW8Kv1s: return launch<T, D, Cfg<D, 8, D == 64, 1, true>>(s, a);        // w8_kv with one barrier per step
-    case kT2dNoFold: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64, false>>(s, a);
-    case kT2dBr64: return launch<T, D, Cfg2D<D, 64>>(s, a);
+    case kT2dNoFold: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64, false>>(s, a);  // t2d without LaneRow::moved
     default: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64>>(s, a);           // t2d: 2D warp tiles (B_r = 128 at d = 64)
   }
 }
