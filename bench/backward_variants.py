@@ -3,7 +3,7 @@
 
 backward_mma.cu builds several ways of cutting the same work (kVariants there: w4, w8, w4_kv,
 w8_kv, w4_occ, w8_kv_1s, t2d, t2d_nofold; docs/07_backward_recompute.md says what each changes). The library
-runs the default (t2d at d = 128, w8_kv at d = 64) unless FL_BACKWARD_VARIANT names another (read
+runs the default (t2d_nofold at d = 128, w8_kv at d = 64) unless FL_BACKWARD_VARIANT names another (read
 at every call). This script runs bench/compare_torch.py once per variant, in its own process with that variable set, on the rung
 07_backward_recompute/mma and SDPA's flash backend only, and prints each variant's backward time as
 a ratio to FA2's backward measured in the same process (ratios, never times, compare across

@@ -407,8 +407,9 @@ backward_mma_kernel(const T* __restrict__ q, const T* __restrict__ k,     // [B,
 //
 // The price is Pᵀ through shared memory (one more 16-bit store per element) and a larger tile
 // there. Fold folds each warp's first row or column into its ldmatrix patterns once
-// (LaneRow::moved); without it (variant t2d_nofold) every load adds them again (docs/07, "One
-// register per address").
+// (LaneRow::moved); without it (variant t2d_nofold) every load adds them again. Folding cuts the
+// loop's instructions by a sixth, yet at d = 128 ptxas then spills a few registers and the kernel
+// runs 1-4 % slower, so the default there is t2d_nofold (docs/07, "One register per address").
 template <int D, int BRows, bool Fold = true>
 struct Cfg2D {
   static constexpr bool k2D = true, kFold = Fold;
@@ -668,7 +669,7 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
 }
 
 // The variants measured on the way (docs/07_backward_recompute.md has the numbers). Without
-// FL_BACKWARD_VARIANT the fastest for the head dimension runs: t2d at d = 128, w8_kv at d = 64;
+// FL_BACKWARD_VARIANT the fastest for the head dimension runs: t2d_nofold at d = 128 (see Cfg2D), w8_kv at d = 64;
 // FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py. Every variant
 // computes the same gradients and passes the same tests.
 constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold"};
@@ -693,7 +694,7 @@ void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
   static_assert(Cfg<D, 8, D == 64>::BC == block_keys(DType::F16) && Cfg2D<D, D == 64 ? 128 : 64>::BC == block_keys(DType::F16),
                 "the default variants' B_c is the twin's");
   Variant v = chosen_variant();
-  if (v == kDefault) v = D == 64 ? kW8Kv : kT2d;
+  if (v == kDefault) v = D == 64 ? kW8Kv : kT2dNoFold;
   switch (v) {
     case kW4: return launch<T, D, Cfg<D, 4, false>>(s, a);                        // the first version: 4 warps, 64 keys
     case kW8: return launch<T, D, Cfg<D, 8, false>>(s, a);                        // 8 warps, 128 keys
