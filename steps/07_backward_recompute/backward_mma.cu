@@ -30,12 +30,14 @@
 #include <cstdlib>
 #include <iterator>
 #include <string>
+#include <type_traits>
 
 #include "../06_tensor_core_mma/mma_sync.cuh"
 #include "../06_tensor_core_mma/swizzle.cuh"
 #include "backward_recompute.hpp"
 #include "block_reduce.cuh"
 #include "cuda_check.cuh"
+#include "wgmma.cuh"
 
 namespace fl::backward {
 namespace {
@@ -161,6 +163,49 @@ __device__ __forceinline__ void load_q_block(const Copy& copy, T* Qs, T* dOs, fl
     cp_async_4(Ds + r, Dsum + row0 + (r < valid ? r : 0), r < valid);
   }
 }
+
+// A thread block's K/V block (blockIdx: the block, its K/V head, the batch), its walk over the
+// steps, where a step's query rows start, and the cp.async loads of its tiles: the prologue the 2D
+// and wgmma kernels share. Q, dO, L and D have two buffers (buffer buf at Qs + buf·BR·D, ...).
+template <int BC, int BR, class T, class Copy>
+struct BlockTiles {
+  static constexpr int D = Copy::kChunks * 8;
+  const Copy& copy;
+  const T *q, *dout;
+  const float *lse, *Dsum;
+  T *Qs, *dOs;
+  float *Ls, *Ds;
+  StepWalk<BR> walk;
+  int64_t kv_row0, q_head0, nq;  // the K/V head's first row in [B·Hkv·Nk], the group's first query head's in [B·H·Nq]
+  int steps;                     // query heads of the group × Q blocks that see a key of the block
+  __device__ BlockTiles(const Copy& copy, const T* q, const T* dout, const float* lse, const float* Dsum, T* Qs, T* dOs,
+                        float* Ls, float* Ds, int heads, int group, int64_t nq, int64_t nk, bool causal)
+      : copy(copy), q(q), dout(dout), lse(lse), Dsum(Dsum), Qs(Qs), dOs(dOs), Ls(Ls), Ds(Ds),
+        walk(blockIdx.x, BC, nq, nk, causal), kv_row0((int64_t(blockIdx.z) * (heads / group) + blockIdx.y) * nk),
+        q_head0((int64_t(blockIdx.z) * heads + int64_t(blockIdx.y) * group) * nq), nq(nq), steps(group * walk.n_ib) {}
+  // The first row of step (h, ib)'s Q block in [B·H·Nq].
+  __device__ int64_t q_row0(int h, int ib) const { return q_head0 + h * nq + walk.i0(ib); }
+  __device__ void load_step(int h, int ib, int buf) const {
+    load_q_block<BR>(copy, Qs + buf * BR * D, dOs + buf * BR * D, Ls + buf * BR, Ds + buf * BR, q, dout, lse, Dsum,
+                     q_row0(h, ib), int(std::min(int64_t(BR), nq - walk.i0(ib))));
+  }
+  // Step `step`'s tiles are in (buffer buf) and every thread is past the barrier: the next step's
+  // start to load into the other buffer.
+  __device__ void prefetch(int step, int h_next, int ib_next, int buf) const {
+    if (step + 1 < steps) {
+      load_step(h_next, ib_next, buf ^ 1);
+      cp_async_commit();
+    }
+  }
+  // K_j and V_j, and the first step's tiles into buffer 0: one cp.async group, committed.
+  __device__ void load_first(uint32_t ks, uint32_t vs, const T* k, const T* v, int64_t nk) const {
+    const int64_t j0 = walk.j0;
+    copy.template load<BC>(ks, k + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
+    copy.template load<BC>(vs, v + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
+    if (steps > 0) load_step(0, walk.rot, 0);
+    cp_async_commit();
+  }
+};
 
 template <class T, int D, class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
@@ -457,20 +502,12 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
   const LaneRow<BR> lsq = b_pattern<BR>(lane).moved(0, F ? qq0 : 0);   // dSᵀ: A of dQ
   const LaneRow<D> lkq = a_pattern<D>(lane).moved(0, F ? qc0 : 0);     // K_j: B of dQ
   const int fk = F ? 0 : key0, fs = F ? 0 : sq0, fc = F ? 0 : kc0, fq = F ? 0 : qq0, fqc = F ? 0 : qc0;
-  const StepWalk<BR> walk(blockIdx.x, BC, nq, nk, causal);
-  const int hk = blockIdx.y, b = blockIdx.z, kv_heads = heads / group;
-  const int64_t j0 = walk.j0, kv_row0 = (int64_t(b) * kv_heads + hk) * nk, off = nk - nq;
-  auto q_row0 = [&](int h, int ib) { return (int64_t(b) * heads + hk * group + h) * nq + walk.i0(ib); };
-  auto load_step = [&](int h, int ib, int buf) {
-    load_q_block<BR>(copy, Qs + buf * BR * D, dOs + buf * BR * D, Ls + buf * BR, Ds + buf * BR, q, dout, lse, Dsum,
-                     q_row0(h, ib), int(std::min(int64_t(BR), nq - walk.i0(ib))));
-  };
-
-  copy.template load<BC>(ks, k + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
-  copy.template load<BC>(vs, v + (kv_row0 + j0) * D, int(std::min(int64_t(BC), nk - j0)));
-  const int steps = group * walk.n_ib;
-  if (steps > 0) load_step(0, walk.rot, 0);
-  cp_async_commit();
+  const BlockTiles<BC, BR, T, std::decay_t<decltype(copy)>> tiles(copy, q, dout, lse, Dsum, Qs, dOs, Ls, Ds, heads, group,
+                                                                 nq, nk, causal);
+  const StepWalk<BR>& walk = tiles.walk;
+  const int64_t j0 = walk.j0, kv_row0 = tiles.kv_row0, off = nk - nq;
+  const int steps = tiles.steps;
+  tiles.load_first(ks, vs, k, v, nk);
 
   float dk_acc[C::kKM][C::kKN][4] = {}, dv_acc[C::kKM][C::kKN][4] = {};
 
@@ -480,10 +517,7 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
     const int buf = step & 1;
     cp_async_wait<0>();
     __syncthreads();  // this step's tiles are in, and every warp is done with the last step's
-    if (step + 1 < steps) {
-      load_step(h_next, ib_next, buf ^ 1);
-      cp_async_commit();
-    }
+    tiles.prefetch(step, h_next, ib_next, buf);
     const int64_t i0 = walk.i0(ib);
     const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
     const float* Lb = Ls + buf * BR;
@@ -594,7 +628,7 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
           }
         }
       }
-      float* dst = dq_acc + (q_row0(h, ib) + qq0 + g) * D + qc0 + 2 * t;
+      float* dst = dq_acc + (tiles.q_row0(h, ib) + qq0 + g) * D + qc0 + 2 * t;
       with_row_check(i0 + BR <= nq, nq, [&](auto in_range) {
 #pragma unroll
         for (int m = 0; m < C::kQM; ++m) {
@@ -627,6 +661,202 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The warpgroup-MMA kernel (Hopper, sm_90a): the 2D kernel's steps with each product one
+// `wgmma` per 16-deep slice instead of a grid of mma.sync, and no ldmatrix at all, since wgmma
+// reads its shared-memory operands itself (wgmma.cuh). The 8 warps are two warpgroups; warpgroup
+// w owns keys 64w..64w+63 of the block (B_c = 128) for Sᵀ, dPᵀ, dV and dK, as the first kernel's
+// warps own 16 keys each, and the C-is-A trick carries over at warpgroup scale:
+//
+//   Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ   64 keys × 64 query rows each; A = K (V) rows, B = Q (dO) rows,
+//                                    both K-major (d contiguous)
+//   Pᵀ, dSᵀ in place; dSᵀ → shared memory (16 bits) for dQ
+//   dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i  A = Pᵀ (dSᵀ) from registers, B = dO_i (Q_i) MN-major (read
+//                                    transposed by the hardware), 64 columns per wgmma
+//   dQ_i += dS K_j                   warpgroup w: all 64 rows × columns (D/2)·w..; A = dS, MN-major
+//                                    from dSᵀ; B = K_jᵀ, K-major, from a transposed copy of K_j
+//                                    made once per thread block; float2 atomics as before
+//
+// Sᵀ and dPᵀ are issued as two groups and waited for one at a time, so the exponentials of P run
+// while the tensor cores compute dPᵀ; dV, dK and dQ are one group behind the barrier for dSᵀ.
+template <int D>
+struct CfgWg {
+  static constexpr int kThreads = 256, kMinBlocks = 1, BC = 128, BR = 64;
+  // K, V, Kᵀ; Q, dO twice; dSᵀ; L, D twice; 1 KB to align the tiles to 1024 bytes.
+  static constexpr std::size_t kSmemBytes =
+      std::size_t(3 * BC * D + 4 * BR * D + BC * BR) * 2 + 4 * BR * sizeof(float) + 1024;
+};
+
+template <class T, int D, class C>
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks)
+backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                      const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dsum,
+                      float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int heads, int group,
+                      int64_t nq, int64_t nk, float scale_log2, float scale, bool causal) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace fl::wgmma;
+  constexpr int BC = C::BC, BR = C::BR, kThreads = C::kThreads, P = D / 64;  // P: 64-column panels of d
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // wgmma's 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary.
+  const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
+  T* Ks = reinterpret_cast<T*>(smem_raw + (base - raw));  // [BC][D] in panels
+  T* Vs = Ks + BC * D;                                      // [BC][D]
+  T* Kt = Vs + BC * D;                                      // [D][BC]  K_jᵀ, B of dQ
+  T* Qs = Kt + BC * D;                                      // [2][BR][D]
+  T* dOs = Qs + 2 * BR * D;                                 // [2][BR][D]
+  T* dSs = dOs + 2 * BR * D;                                // [BC][BR]  dSᵀ of the step
+  float* Ls = reinterpret_cast<float*>(dSs + BC * BR);      // [2][BR]
+  float* Ds = Ls + 2 * BR;                                  // [2][BR]
+
+  const int wg = threadIdx.x / 128, wr = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const PanelCopy<D, kThreads> copy(threadIdx.x);
+  const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), kts = smem_u32(Kt), ds_s = smem_u32(dSs);
+  const int key0 = 64 * wg + 16 * wr;  // the thread's first key (and +8) in Sᵀ, dPᵀ, dV, dK
+  const BlockTiles<BC, BR, T, std::decay_t<decltype(copy)>> tiles(copy, q, dout, lse, Dsum, Qs, dOs, Ls, Ds, heads, group,
+                                                                 nq, nk, causal);
+  const StepWalk<BR>& walk = tiles.walk;
+  const int64_t j0 = walk.j0, kv_row0 = tiles.kv_row0, off = nk - nq;
+  const int steps = tiles.steps;
+  tiles.load_first(ks, vs, k, v, nk);
+  cp_async_wait<0>();
+  __syncthreads();
+  // K_jᵀ once: element (n, key) of a D × BC panel tile is K[key][n]. Two keys per 32-bit store.
+  for (int i = threadIdx.x; i < BC * D / 2; i += kThreads) {
+    const int n = i % D, key = 2 * (i / D);
+    const T lo = Ks[panel_at<BC>(key, n) / 2], hi = Ks[panel_at<BC>(key + 1, n) / 2];
+    *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(Kt) + panel_at<D>(n, key)) = pack<T>(lo, hi);
+  }
+
+  float dk_acc[P][32] = {}, dv_acc[P][32] = {};  // keys key0 + g (+8) × panel columns 8·(i/4) + 2t + i%2
+
+  int h = 0, ib = walk.rot;
+  for (int step = 0; step < steps; ++step) {
+    const int ib_next = ib + 1 < walk.n_ib ? ib + 1 : 0, h_next = ib_next == walk.rot ? h + 1 : h;
+    const int buf = step & 1;
+    cp_async_wait<0>();
+    fence_shared_to_async();
+    __syncthreads();  // the step's tiles (and Kᵀ) are in, visible to wgmma; the last step is done
+    tiles.prefetch(step, h_next, ib_next, buf);
+    const int64_t i0 = walk.i0(ib);
+    const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
+    const float* Lb = Ls + buf * BR;
+    const float* Db = Ds + buf * BR;
+
+    // Sᵀ and dPᵀ: k-step kk reads 16 columns of d, 32 bytes into panel kk / 4 of both operands.
+    float st[32], dpt[32];
+    fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      ss_n64<T, 0, 0>(st, desc(ks + (kk / 4) * BC * 128 + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
+                      desc(qb + (kk / 4) * BR * 128 + 32 * (kk % 4), 16, 1024), kk > 0);
+    commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      ss_n64<T, 0, 0>(dpt, desc(vs + (kk / 4) * BC * 128 + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
+                      desc(dob + (kk / 4) * BR * 128 + 32 * (kk % 4), 16, 1024), kk > 0);
+    commit();
+    wait<1>();  // Sᵀ is in; dPᵀ may still be running
+    hold(st);
+
+    // Pᵀ in place. Element i is key key0 + g + 8·((i/2) % 2), query row 8·(i/4) + 2t + i%2.
+    if (const StepMask mask(j0, i0, nk, off, BC, BR, causal); mask.any()) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (mask.masked(key0 + g + 8 * (i / 2 % 2), 8 * (i / 4) + 2 * t + i % 2)) st[i] = -INFINITY;
+    }
+    float2 dd[8];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float2 l = *reinterpret_cast<const float2*>(Lb + 8 * n + 2 * t);
+      dd[n] = *reinterpret_cast<const float2*>(Db + 8 * n + 2 * t);
+      const float lx = l.x == -INFINITY ? INFINITY : l.x * kLog2e, ly = l.y == -INFINITY ? INFINITY : l.y * kLog2e;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[4 * n + e] = fast_exp2(fmaf(st[4 * n + e], scale_log2, -(e % 2 ? ly : lx)));
+    }
+    wait<0>();  // dPᵀ is in
+    hold(dpt);
+
+    // dSᵀ = Pᵀ ∘ (dPᵀ − D); both as A fragments (k-step kk: query rows 16kk..16kk+15), and dSᵀ
+    // to shared memory for dQ.
+    uint32_t ap[4][4], as[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {  // n8 tile 2kk + hf
+        const int n = 2 * kk + hf;
+        float s[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[e] = st[4 * n + e] * (dpt[4 * n + e] - (e % 2 ? dd[n].y : dd[n].x));
+        ap[kk][2 * hf] = pack<T>(st[4 * n], st[4 * n + 1]);
+        ap[kk][2 * hf + 1] = pack<T>(st[4 * n + 2], st[4 * n + 3]);
+        as[kk][2 * hf] = pack<T>(s[0], s[1]);
+        as[kk][2 * hf + 1] = pack<T>(s[2], s[3]);
+        *reinterpret_cast<uint32_t*>(dSs + swz<BR>(key0 + g, 8 * n + 2 * t)) = as[kk][2 * hf];
+        *reinterpret_cast<uint32_t*>(dSs + swz<BR>(key0 + g + 8, 8 * n + 2 * t)) = as[kk][2 * hf + 1];
+      }
+
+    // dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i: k-step kk is query rows 16kk.., 2048 bytes into the tile;
+    // panel pc of dO_i (Q_i) gives columns 64pc.. .
+    fence();
+#pragma unroll
+    for (int pc = 0; pc < P; ++pc)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        rs_n64<T, 1>(dv_acc[pc], ap[kk], desc(dob + pc * BR * 128 + kk * 2048, BR * 128, 1024));
+        rs_n64<T, 1>(dk_acc[pc], as[kk], desc(qb + pc * BR * 128 + kk * 2048, BR * 128, 1024));
+      }
+    commit();
+    fence_shared_to_async();
+    __syncthreads();  // all of dSᵀ is in shared memory, visible to wgmma
+
+    // dQ_i += dS K_j, warpgroup wg: columns (D/2)·wg..; k-step kk is keys 16kk.. : 2048 bytes
+    // into dSᵀ (MN-major A), 32 bytes into panel kk / 4 of Kᵀ (K-major B), whose rows (D/2)·wg..
+    // start (D/2)·wg·128 bytes in.
+    float dq[D / 4];
+    fence();  // dq's registers were read by last step's atomics
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; ++kk) {
+      const uint64_t a = desc(ds_s + kk * 2048, BR * 128, 1024);
+      const uint64_t bk = desc(kts + (kk / 4) * D * 128 + (D / 2) * wg * 128 + 32 * (kk % 4), 16, 1024);
+      if constexpr (D == 128) ss_n64<T, 1, 0>(dq, a, bk, kk > 0);
+      else ss_n32<T, 1, 0>(dq, a, bk, kk > 0);
+    }
+    commit();
+    wait<0>();
+#pragma unroll
+    for (int pc = 0; pc < P; ++pc) hold(dv_acc[pc]), hold(dk_acc[pc]);
+    hold(dq);
+    // Element i of dq: query row 16·wr + g + 8·((i/2) % 2), column (D/2)·wg + 8·(i/4) + 2t + i%2.
+    float* dst = dq_acc + (tiles.q_row0(h, ib) + 16 * wr + g) * D + (D / 2) * wg + 2 * t;
+    const int64_t row = i0 + 16 * wr + g;
+    with_row_check(i0 + BR <= nq, nq, [&](auto in_range) {
+#pragma unroll
+      for (int n = 0; n < D / 16; ++n) {
+        if (in_range(row)) atomic_add2(dst + 8 * n, dq[4 * n], dq[4 * n + 1]);
+        if (in_range(row + 8)) atomic_add2(dst + 8 * D + 8 * n, dq[4 * n + 2], dq[4 * n + 3]);
+      }
+    });
+    h = h_next, ib = ib_next;
+  }
+
+  // dK_j = scale · Σ dSᵀ Q and dV_j, rounded once, for the keys that exist.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int64_t key = j0 + key0 + g + 8 * hh;
+    if (key >= nk) continue;
+#pragma unroll
+    for (int pc = 0; pc < P; ++pc)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        const int64_t at = (kv_row0 + key) * D + 64 * pc + 8 * n + 2 * t;
+        *reinterpret_cast<uint32_t*>(dk + at) =
+            pack<T>(scale * dk_acc[pc][4 * n + 2 * hh], scale * dk_acc[pc][4 * n + 2 * hh + 1]);
+        *reinterpret_cast<uint32_t*>(dv + at) = pack<T>(dv_acc[pc][4 * n + 2 * hh], dv_acc[pc][4 * n + 2 * hh + 1]);
+      }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
 // dQ = scale · accumulator, rounded to T, 8 elements per thread.
 template <class T>
 __global__ void convert_dq_kernel(const float* __restrict__ acc, T* __restrict__ dq, int64_t n8, float scale) {
@@ -636,6 +866,11 @@ __global__ void convert_dq_kernel(const float* __restrict__ acc, T* __restrict__
                                             pack<T>(scale * y.x, scale * y.y), pack<T>(scale * y.z, scale * y.w)};
   }
 }
+
+template <class C>
+struct is_wg : std::false_type {};
+template <int D>
+struct is_wg<CfgWg<D>> : std::true_type {};
 
 template <class T, int D, class C>
 void launch(const AttentionShape& s, const BackwardArgs& a) {
@@ -650,7 +885,8 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
 
   static_assert(sizeof(T) == 2, "kSmemBytes counts 16-bit tiles");
   constexpr auto kernel = [] {
-    if constexpr (C::k2D) return backward_mma_2d_kernel<T, D, C>;
+    if constexpr (is_wg<C>::value) return backward_wgmma_kernel<T, D, C>;
+    else if constexpr (C::k2D) return backward_mma_2d_kernel<T, D, C>;
     else return backward_mma_kernel<T, D, C>;
   }();
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
@@ -669,11 +905,12 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
 }
 
 // The variants measured on the way (docs/07_backward_recompute.md has the numbers). Without
-// FL_BACKWARD_VARIANT the fastest for the head dimension runs: t2d_nofold at d = 128 (see Cfg2D), w8_kv at d = 64;
-// FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py. Every variant
-// computes the same gradients and passes the same tests.
-constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold"};
-enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kT2dNoFold, kDefault };
+// FL_BACKWARD_VARIANT the fastest for the GPU and head dimension runs: wg on Hopper when the rung
+// was built for sm_90a (CMakeLists.txt), else t2d_nofold at d = 128 (see Cfg2D) and w8_kv at
+// d = 64; FL_BACKWARD_VARIANT=<name> runs another one, for bench/backward_variants.py. Every
+// variant computes the same gradients and passes the same tests.
+constexpr const char* kVariants[] = {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold", "wg"};
+enum Variant { kW4, kW8, kW4Kv, kW8Kv, kW4Occ, kW8Kv1s, kT2d, kT2dNoFold, kWg, kDefault };
 static_assert(std::size(kVariants) == kDefault, "a name for every variant, in the enum's order");
 
 // Read at every call (a getenv and a few compares, next to a kernel of milliseconds), so that a
@@ -689,12 +926,27 @@ Variant chosen_variant() {
   throw InputError(std::string("rung ") + kMmaName + ": FL_BACKWARD_VARIANT=" + e + " is not a variant; there are " + names);
 }
 
+// wgmma runs on compute capability 9.0 only (H100, H200), and only if this rung was compiled for
+// sm_90a. Asked once per device.
+bool wgmma_here() {
+#if defined(FL_HAVE_WGMMA)
+  int dev = 0, major = 0, minor = 0;
+  FL_CUDA_CHECK(cudaGetDevice(&dev));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
 template <class T, int D>
 void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
-  static_assert(Cfg<D, 8, D == 64>::BC == block_keys(DType::F16) && Cfg2D<D, D == 64 ? 128 : 64>::BC == block_keys(DType::F16),
+  static_assert(Cfg<D, 8, D == 64>::BC == block_keys(DType::F16) && Cfg2D<D, D == 64 ? 128 : 64>::BC == block_keys(DType::F16) &&
+                    CfgWg<D>::BC == block_keys(DType::F16),
                 "the default variants' B_c is the twin's");
   Variant v = chosen_variant();
-  if (v == kDefault) v = D == 64 ? kW8Kv : kT2dNoFold;
+  if (v == kDefault) v = wgmma_here() ? kWg : D == 64 ? kW8Kv : kT2dNoFold;
   switch (v) {
     case kW4: return launch<T, D, Cfg<D, 4, false>>(s, a);                        // the first version: 4 warps, 64 keys
     case kW8: return launch<T, D, Cfg<D, 8, false>>(s, a);                        // 8 warps, 128 keys
@@ -703,6 +955,11 @@ void dispatch_variant(const AttentionShape& s, const BackwardArgs& a) {
     case kW4Occ: return launch<T, D, Cfg<D, 4, false, D == 64 ? 3 : 2>>(s, a);   // w4 held to 168 registers at d = 64 (3 blocks per SM)
     case kW8Kv1s: return launch<T, D, Cfg<D, 8, D == 64, 1, true>>(s, a);        // w8_kv with one barrier per step
     case kT2dNoFold: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64, false>>(s, a);  // t2d without LaneRow::moved
+    case kWg:  // two warpgroups, wgmma (Hopper)
+      if (!wgmma_here())
+        throw InputError(std::string("rung ") + kMmaName + ": FL_BACKWARD_VARIANT=wg needs an sm_90 GPU (H100, H200) and "
+                         "this rung built for sm_90a (CMAKE_CUDA_ARCHITECTURES containing 90)");
+      return launch<T, D, CfgWg<D>>(s, a);
     default: return launch<T, D, Cfg2D<D, D == 64 ? 128 : 64>>(s, a);           // t2d: 2D warp tiles (B_r = 128 at d = 64)
   }
 }
