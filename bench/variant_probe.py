@@ -13,7 +13,7 @@ suite: run it by hand when choosing between variants (docs/07_backward_recompute
 per address", has its numbers).
 
     python3 bench/variant_probe.py --lib build-hopper/capi/libflash_ladder.so \\
-        --v64 w8_kv,t2d,t2d_nofold --v128 t2d,t2d_nofold
+        --v64 wg,w8_kv,t2d_nofold --v128 wg,t2d,t2d_nofold
 """
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True, help="libflash_ladder.so to probe")
     ap.add_argument("--base-lib", help="a second libflash_ladder.so, timed with its default variant as 'base'")
-    ap.add_argument("--v64", default="w8_kv,t2d,t2d_nofold", help="variants at d = 64, comma-separated")
-    ap.add_argument("--v128", default="t2d,t2d_nofold", help="variants at d = 128, comma-separated")
+    ap.add_argument("--v64", default="wg,w8_kv,t2d_nofold", help="variants at d = 64, comma-separated")
+    ap.add_argument("--v128", default="wg,t2d,t2d_nofold", help="variants at d = 128, comma-separated")
     args = ap.parse_args(argv)
 
     try:

@@ -4,6 +4,10 @@
 // to its closed form.
 #include <Eigen/Dense>
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 #include "../steps/07_backward_recompute/backward_recompute.hpp"
 #include "conformance_tests.hpp"
 
@@ -71,6 +75,28 @@ TEST(Backward, GpuMmaGradientsMatchTheOracleAndTheTwin) {
   uint64_t seed = base_seed();
   for (DType t : {DType::F16, DType::BF16})
     for (const AttentionShape& s : gpu_shapes()) expect_gpu_matches_oracle_and_twin(backward::kMmaName, t, s, seed += 2);
+}
+
+// Every kernel variant of the tensor-core rung (FL_BACKWARD_VARIANT, backward_mma.cu's kVariants),
+// not only the default one: on Hopper the default is the wgmma kernel, and the mma.sync kernels,
+// which the other GPUs run, would otherwise go untested there. A variant the GPU cannot run (wg
+// off Hopper) says so with an InputError and is left out; a name the rung does not know fails.
+TEST(Backward, GpuMmaVariantsMatchTheOracleAndTheTwin) {
+  if (!rung_or_skip(backward::kMmaName, Backend::Cuda)) GTEST_SKIP() << skip_reason(Backend::Cuda);
+  struct Unset {
+    ~Unset() { ::unsetenv("FL_BACKWARD_VARIANT"); }
+  } unset;  // whatever happens, the later tests of this process get the default
+  uint64_t seed = base_seed();
+  for (const char* v : {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold", "wg"}) {
+    ::setenv("FL_BACKWARD_VARIANT", v, 1);
+    try {
+      for (const AttentionShape& s : {make_shape(2, 3, 1, 113, 203, 64, true), make_shape(1, 4, 2, 77, 300, 128, false)})
+        expect_gpu_matches_oracle_and_twin(backward::kMmaName, DType::BF16, s, seed += 2);
+    } catch (const InputError& e) {
+      if (std::string(e.what()).find("needs an sm_90 GPU") == std::string::npos) ADD_FAILURE() << v << ": " << e.what();
+      else std::printf("[flash_ladder] variant %s left out: %s\n", v, e.what());
+    }
+  }
 }
 
 // The tensor-core rung's twin makes the kernel's roundings and still meets the dtype's tolerance;
