@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 RUNG = "07_backward_recompute/mma"
-VARIANTS = ["w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold"]  # the order they were tried in
+VARIANTS = ["w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold", "wg"]  # the order they were tried in
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
