@@ -49,7 +49,18 @@ def main(argv=None) -> int:
     ap.add_argument("--base-lib", help="a second libflash_ladder.so, timed with its default variant as 'base'")
     ap.add_argument("--v64", default="wg,w8_kv,t2d_nofold", help="variants at d = 64, comma-separated")
     ap.add_argument("--v128", default="wg,t2d,t2d_nofold", help="variants at d = 128, comma-separated")
+    ap.add_argument("--only", metavar="D,N,CAUSAL",
+                    help="one shape of the grid, e.g. 128,16384,0 (for a profiler: see docs/07, 'On Hopper')")
     args = ap.parse_args(argv)
+    grid = [(d, n, c) for d in (64, 128) for n in (1024, 4096, 16384) for c in (False, True)]
+    if args.only:
+        try:
+            d, n, c = (int(x) for x in args.only.split(","))
+        except ValueError:
+            ap.error(f"--only takes D,N,CAUSAL, e.g. 128,16384,0 (got {args.only!r})")
+        if (d, n, bool(c)) not in grid:
+            ap.error(f"--only {args.only}: not a shape of the grid (d 64 or 128, N 1024, 4096 or 16384, causal 0 or 1)")
+        grid = [(d, n, bool(c))]
 
     try:
         import torch
@@ -85,60 +96,58 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     dt = torch.bfloat16
     print(torch.cuda.get_device_name(), "bf16; backward time / FA2's, medians of 12 runs each", flush=True)
-    for d in (64, 128):
-        for n in (1024, 4096, 16384):
-            for causal in (False, True):
-                B, H = 16384 // n, 16
-                q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=dt) for _ in range(4))
-                s = FlShape(B, H, H, n, n, d, int(causal), 0.0)
-                o = torch.empty_like(q)
-                lse = torch.empty(B, H, n, device="cuda", dtype=torch.float32)
-                new = libs["new"]
-                chk(new, new.fl_forward(RUNG, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                        o.data_ptr(), lse.data_ptr(), None, 0, None))
-                nb = ctypes.c_size_t(0)
-                chk(new, new.fl_backward_workspace_bytes(RUNG, b"cuda", ctypes.byref(s), 2, ctypes.byref(nb)))
-                ws = torch.empty(nb.value, dtype=torch.uint8, device="cuda")
-                dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                stream = torch.cuda.current_stream().cuda_stream
+    for d, n, causal in grid:
+        B, H = 16384 // n, 16
+        q, k, v, do = (torch.randn(B, H, n, d, device="cuda", dtype=dt) for _ in range(4))
+        s = FlShape(B, H, H, n, n, d, int(causal), 0.0)
+        o = torch.empty_like(q)
+        lse = torch.empty(B, H, n, device="cuda", dtype=torch.float32)
+        new = libs["new"]
+        chk(new, new.fl_forward(RUNG, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                o.data_ptr(), lse.data_ptr(), None, 0, None))
+        nb = ctypes.c_size_t(0)
+        chk(new, new.fl_backward_workspace_bytes(RUNG, b"cuda", ctypes.byref(s), 2, ctypes.byref(nb)))
+        ws = torch.empty(nb.value, dtype=torch.uint8, device="cuda")
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        stream = torch.cuda.current_stream().cuda_stream
 
-                def ours(lib, name):
-                    def run():
-                        os.environ["FL_BACKWARD_VARIANT"] = name
-                        chk(lib, lib.fl_backward(RUNG, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                 o.data_ptr(), lse.data_ptr(), do.data_ptr(), dq.data_ptr(),
-                                                 dk.data_ptr(), dv.data_ptr(), ws.data_ptr(), ws.numel(), stream))
-                    return run
+        def ours(lib, name):
+            def run():
+                os.environ["FL_BACKWARD_VARIANT"] = name
+                chk(lib, lib.fl_backward(RUNG, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                         o.data_ptr(), lse.data_ptr(), do.data_ptr(), dq.data_ptr(),
+                                         dk.data_ptr(), dv.data_ptr(), ws.data_ptr(), ws.numel(), stream))
+            return run
 
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
-                    out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            qq, kk, vv = (x.detach().clone().requires_grad_() for x in (q, k, v))
+            out = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
 
-                    def fa2():
-                        out.backward(do, retain_graph=True)
+            def fa2():
+                out.backward(do, retain_graph=True)
 
-                    qq.grad = kk.grad = vv.grad = None
-                    fa2()
-                    ref = (qq.grad.clone(), kk.grad.clone(), vv.grad.clone())
-                    cands = {"fa2": fa2}
-                    if "base" in libs:
-                        cands["base"] = ours(libs["base"], "")
-                    for name in variants[d]:
-                        cands[name] = ours(new, name)
-                    times = {c: [] for c in cands}
-                    for _ in range(3):
-                        for c, fn in cands.items():
-                            times[c] += timeit(fn, 4)
-                med = {c: statistics.median(t) for c, t in times.items()}
-                errs = []
-                for name in variants[d]:
-                    ours(new, name)()
-                    torch.cuda.synchronize()
-                    e = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip((dq, dk, dv), ref))
-                    errs.append(f"{name} {e:.1e}")
-                print(f"d={d:3d} N={n:5d} {'causal' if causal else 'full  '} FA2 {med['fa2']:7.3f} ms | "
-                      + " ".join(f"{c} {med[c] / med['fa2']:.3f}" for c in cands if c != "fa2")
-                      + " | error against FA2's gradients: " + ", ".join(errs), flush=True)
+            qq.grad = kk.grad = vv.grad = None
+            fa2()
+            ref = (qq.grad.clone(), kk.grad.clone(), vv.grad.clone())
+            cands = {"fa2": fa2}
+            if "base" in libs:
+                cands["base"] = ours(libs["base"], "")
+            for name in variants[d]:
+                cands[name] = ours(new, name)
+            times = {c: [] for c in cands}
+            for _ in range(3):
+                for c, fn in cands.items():
+                    times[c] += timeit(fn, 4)
+        med = {c: statistics.median(t) for c, t in times.items()}
+        errs = []
+        for name in variants[d]:
+            ours(new, name)()
+            torch.cuda.synchronize()
+            e = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip((dq, dk, dv), ref))
+            errs.append(f"{name} {e:.1e}")
+        print(f"d={d:3d} N={n:5d} {'causal' if causal else 'full  '} FA2 {med['fa2']:7.3f} ms | "
+              + " ".join(f"{c} {med[c] / med['fa2']:.3f}" for c in cands if c != "fa2")
+              + " | error against FA2's gradients: " + ", ".join(errs), flush=True)
     os.environ.pop("FL_BACKWARD_VARIANT", None)
     return 0
 

@@ -396,7 +396,7 @@ else
 fi
 
 if [[ -x $BUILD/bench/ladder_bench ]]; then
-  stage bench 180 bench_sweep
+  stage bench 240 bench_sweep
   # Google Benchmark closes its JSON only at the end: a sweep stopped early leaves it cut short.
   python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$OUT/bench.json" 2>/dev/null ||
     say "bench.json is not complete JSON (the sweep was stopped or failed); its rows so far are kept"
