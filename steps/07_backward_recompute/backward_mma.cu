@@ -18,8 +18,9 @@
 //
 // Three kernels: `preprocess_mma_kernel` (D = rowsum(dO ∘ O), and zeroes the accumulator), the
 // main kernel, and `convert_dq_kernel` (dQ = scale · accumulator, in the dtype). The main kernel is
-// `backward_mma_kernel` as described here, or `backward_mma_2d_kernel` (below), which gives each
-// product its own warp layout; the default is the faster of the two for the head dimension.
+// `backward_mma_kernel` as described here, `backward_mma_2d_kernel` (below), which gives each
+// product its own warp layout, or, on Hopper, `backward_wgmma_kernel` (below), the 2D kernel's
+// step on warpgroup MMA; the default is the fastest the GPU can run (dispatch_variant).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
