@@ -855,6 +855,8 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
         *reinterpret_cast<uint32_t*>(dv + at) = pack<T>(dv_acc[pc][4 * n + 2 * hh], dv_acc[pc][4 * n + 2 * hh + 1]);
       }
   }
+#else
+  __trap();  // built without sm_90a: dispatch_variant never launches it (wgmma_here); never silently
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -928,7 +930,7 @@ Variant chosen_variant() {
 }
 
 // wgmma runs on compute capability 9.0 only (H100, H200), and only if this rung was compiled for
-// sm_90a. Asked once per device.
+// sm_90a. Asked at every call, like chosen_variant: three attribute queries, no synchronisation.
 bool wgmma_here() {
 #if defined(FL_HAVE_WGMMA)
   int dev = 0, major = 0, minor = 0;
