@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "../steps/07_backward_recompute/backward_recompute.hpp"
 #include "conformance_tests.hpp"
@@ -14,7 +15,17 @@
 namespace fl::testing {
 namespace {
 
-INSTANTIATE_TEST_SUITE_P(Rung07, RungConformance, ::testing::Values(backward::kName, backward::kMmaName));
+// Every version, each on its own (the fp32 one, v1..v5 and the `mma` name for the fastest).
+std::vector<std::string> version_names() {
+  std::vector<std::string> names;
+  for (const backward::VersionInfo& v : backward::kVersions) names.emplace_back(v.name);
+  return names;
+}
+INSTANTIATE_TEST_SUITE_P(Rung07, RungConformance, ::testing::ValuesIn(version_names()),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           const auto slash = p.param.find('/');  // "v1_mma"; the fp32 version "fp32"
+                           return slash == std::string::npos ? std::string("fp32") : p.param.substr(slash + 1);
+                         });
 
 const Rung& twin(const char* name = backward::kName) {
   const Rung* r = Registry::instance().find(name, Backend::Cpu);
@@ -70,31 +81,29 @@ TEST(Backward, GpuGradientsMatchTheOracleAndTheTwin) {
   for (const AttentionShape& s : gpu_shapes()) expect_gpu_matches_oracle_and_twin(backward::kName, DType::F32, s, seed += 2);
 }
 
-// The tensor-core backward, fp16 and bf16, against the oracle and the numerics twin.
+// The tensor-core backward under the name of the fastest version, fp16 and bf16, against the
+// oracle and the numerics twin.
 TEST(Backward, GpuMmaGradientsMatchTheOracleAndTheTwin) {
   uint64_t seed = base_seed();
   for (DType t : {DType::F16, DType::BF16})
     for (const AttentionShape& s : gpu_shapes()) expect_gpu_matches_oracle_and_twin(backward::kMmaName, t, s, seed += 2);
 }
 
-// Every kernel variant of the tensor-core rung (FL_BACKWARD_VARIANT, backward_mma.cu's kVariants),
-// not only the default one: on Hopper the default is the wgmma kernel, and the mma.sync kernels,
-// which the other GPUs run, would otherwise go untested there. A variant the GPU cannot run (wg
-// off Hopper) says so with an InputError and is left out; a name the rung does not know fails.
-TEST(Backward, GpuMmaVariantsMatchTheOracleAndTheTwin) {
+// Every tensor-core version by its own name, not only the fastest: on Hopper that is v5_wgmma,
+// and the mma.sync versions, which the other GPUs run, would otherwise go untested there. A
+// version the GPU cannot run (v5_wgmma off Hopper) says so with an InputError and is left out.
+TEST(Backward, GpuEveryVersionMatchesTheOracleAndTheTwin) {
   if (!rung_or_skip(backward::kMmaName, Backend::Cuda)) GTEST_SKIP() << skip_reason(Backend::Cuda);
-  struct Unset {
-    ~Unset() { ::unsetenv("FL_BACKWARD_VARIANT"); }
-  } unset;  // whatever happens, the later tests of this process get the default
   uint64_t seed = base_seed();
-  for (const char* v : {"w4", "w8", "w4_kv", "w8_kv", "w4_occ", "w8_kv_1s", "t2d", "t2d_nofold", "wg"}) {
-    ::setenv("FL_BACKWARD_VARIANT", v, 1);
+  for (const backward::VersionInfo& v : backward::kVersions) {
+    if (v.version == backward::Version::Fp32 || v.version == backward::Version::Fastest) continue;
     try {
-      for (const AttentionShape& s : {make_shape(2, 3, 1, 113, 203, 64, true), make_shape(1, 4, 2, 77, 300, 128, false)})
-        expect_gpu_matches_oracle_and_twin(backward::kMmaName, DType::BF16, s, seed += 2);
+      for (DType t : {DType::F16, DType::BF16})
+        for (const AttentionShape& s : {make_shape(2, 3, 1, 113, 203, 64, true), make_shape(1, 4, 2, 77, 300, 128, false)})
+          expect_gpu_matches_oracle_and_twin(v.name, t, s, seed += 2);
     } catch (const InputError& e) {
-      if (std::string(e.what()).find("needs an sm_90 GPU") == std::string::npos) ADD_FAILURE() << v << ": " << e.what();
-      else std::printf("[flash_ladder] variant %s left out: %s\n", v, e.what());
+      if (std::string(e.what()).find("needs an sm_90 GPU") == std::string::npos) ADD_FAILURE() << v.name << ": " << e.what();
+      else std::printf("[flash_ladder] %s left out: %s\n", v.name, e.what());
     }
   }
 }
@@ -157,20 +166,24 @@ TEST(Backward, TrafficMatchesClosedForm) {
     const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, seed++);
     IoCounter io;
     run_backward(twin(), s, DType::F32, in, bin, &io);
-    const IoModel m = backward::io_model(s, DType::F32);
+    const IoModel m = backward::io_model(s, DType::F32, backward::info(backward::Version::Fp32).block_keys);
     EXPECT_EQ(double(io.read), m.read);
     EXPECT_EQ(double(io.written), m.written);
-    // The tensor-core rung's twin: 2-byte elements, and the last pass over dQ's accumulator.
+    // The tensor-core versions' twins: 2-byte elements, the last pass over dQ's accumulator, and
+    // the version's B_c (64 for v1, 128 after).
     const Inputs in16 = make_inputs(s, DType::BF16, seed++);
     const BackwardInputs bin16 = make_backward_inputs(s, DType::BF16, in16, seed++);
-    IoCounter io16;
-    run_backward(twin(backward::kMmaName), s, DType::BF16, in16, bin16, &io16);
-    const IoModel m16 = backward::io_model(s, DType::BF16);
-    EXPECT_EQ(double(io16.read), m16.read);
-    EXPECT_EQ(double(io16.written), m16.written);
+    for (backward::Version v : {backward::Version::V1Mma, backward::Version::V5Wgmma}) {
+      IoCounter io16;
+      run_backward(twin(backward::info(v).name), s, DType::BF16, in16, bin16, &io16);
+      const IoModel m16 = backward::io_model(s, DType::BF16, backward::info(v).block_keys);
+      EXPECT_EQ(double(io16.read), m16.read) << backward::info(v).name;
+      EXPECT_EQ(double(io16.written), m16.written) << backward::info(v).name;
+      EXPECT_EQ(twin(backward::info(v).name).modelled_backward_io(s, DType::BF16).read, m16.read);
+    }
   }
   const double N = 1024, d = 64, tc = 16;
-  const IoModel m = backward::io_model(make_shape(1, 1, 1, 1024, 1024, 64, false), DType::F32);
+  const IoModel m = backward::io_model(make_shape(1, 1, 1, 1024, 1024, 64, false), DType::F32, 64);
   EXPECT_EQ(m.read, 4 * (2 * N * d + 2 * N * d + tc * N * (3 * d + 2)));
   EXPECT_EQ(m.written, 4 * (N + N * d + 2 * N * d + tc * N * d));
 }

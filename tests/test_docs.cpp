@@ -20,7 +20,12 @@
 // The source root comes from the build: FL_SOURCE_DIR (tests/CMakeLists.txt sets it).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -408,6 +413,129 @@ TEST(Docs, ResultMarkersArePaired) {
     for (const std::string& o : open) bad.push_back(page + ": " + o + ":begin without its end");
   }
   EXPECT_TRUE(bad.empty()) << listing(bad);
+}
+
+// ---- Diffs: a chapter's promise of a one-idea diff is kept ------------------------------------
+//
+// A chapter gives each diff it asks the student to run as one line in a fenced code block,
+//     diff steps/06_tensor_core_mma/v1_mma.cu steps/06_tensor_core_mma/v2_ldmatrix.cu   # 50 lines: ...
+// with the count of lines that diff marks changed ('<' or '>'), as `# N lines`. The check runs
+// every such diff and fails when a file is missing, a count is missing, or the diff is longer
+// than the chapter says. Rungs 01-07 and every version file vK (K ≥ 2) of a rung must have theirs.
+
+struct DiffClaim {
+  std::string page, a, b;
+  long claimed = -1;  // -1: the line states no count
+};
+
+std::vector<DiffClaim> diff_claims(const std::string& page, const std::string& text) {
+  static const std::regex cmd(R"(^\s*diff\s+(\S+)\s+(\S+)(.*)$)");
+  static const std::regex count(R"(#\s*(\d+)\s+lines?\b)");
+  std::vector<DiffClaim> out;
+  std::istringstream in(text);
+  std::string line;
+  bool fenced = false;
+  while (std::getline(in, line)) {
+    if (starts_with(line, "```")) {
+      fenced = !fenced;
+      continue;
+    }
+    std::smatch m, c;
+    if (!fenced || !std::regex_match(line, m, cmd)) continue;
+    DiffClaim d{page, m[1], m[2]};
+    const std::string rest = m[3];
+    if (std::regex_search(rest, c, count)) d.claimed = std::stol(c[1]);
+    out.push_back(d);
+  }
+  return out;
+}
+
+// Lines `diff a b` marks changed, by diff itself (POSIX; CI's machines have it). -1 if it failed.
+long changed_lines(const fs::path& a, const fs::path& b) {
+  const std::string cmd = "diff '" + a.string() + "' '" + b.string() + "'";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  long n = 0;
+  char buf[4096];
+  bool line_start = true;
+  while (std::fgets(buf, sizeof buf, p)) {
+    if (line_start && (buf[0] == '<' || buf[0] == '>')) ++n;
+    line_start = std::strchr(buf, '\n') != nullptr;
+  }
+  const int rc = pclose(p);
+  return (rc == -1 || WEXITSTATUS(rc) > 1) ? -1 : n;  // diff: 0 same, 1 different, 2 trouble
+}
+
+std::vector<DiffClaim> all_diff_claims() {
+  std::vector<DiffClaim> out;
+  for (const fs::path& p : pages()) {
+    const auto claims = diff_claims(fs::relative(p, kRoot).string(), read_file(p));
+    out.insert(out.end(), claims.begin(), claims.end());
+  }
+  return out;
+}
+
+TEST(Diffs, EveryDocumentedDiffIsNoLongerThanTheChapterSays) {
+  const auto claims = all_diff_claims();
+  ASSERT_FALSE(claims.empty()) << "no diff command found in the docs";
+  for (const DiffClaim& d : claims) {
+    SCOPED_TRACE(d.page + ": diff " + d.a + " " + d.b);
+    ASSERT_TRUE(fs::exists(kRoot / d.a)) << d.a << " does not exist";
+    ASSERT_TRUE(fs::exists(kRoot / d.b)) << d.b << " does not exist";
+    EXPECT_GE(d.claimed, 0) << "the line gives no count: end it with '# N lines: what changed'";
+    const long n = changed_lines(kRoot / d.a, kRoot / d.b);
+    ASSERT_GE(n, 0) << "diff failed";
+    if (d.claimed >= 0) EXPECT_LE(n, d.claimed) << "the diff has " << n << " changed lines; the chapter says " << d.claimed;
+  }
+}
+
+// Every rung from 01 has a diff against an earlier rung in its chapter, and every version file
+// vK_*.{cu,cpp} from v2 on has `diff vK-1_* vK_*` in its rung's chapter.
+TEST(Diffs, EveryRungAndVersionHasItsDiff) {
+  const auto claims = all_diff_claims();
+  auto given = [&](const std::string& page, auto pred) {
+    return std::any_of(claims.begin(), claims.end(), [&](const DiffClaim& d) { return d.page == page && pred(d); });
+  };
+  std::vector<std::string> rungs;
+  for (const auto& e : fs::directory_iterator(kRoot / "steps"))
+    if (e.is_directory()) rungs.push_back(e.path().filename().string());
+  std::sort(rungs.begin(), rungs.end());
+  static const std::regex version(R"(v(\d+)_\w+\.(cu|cpp))");
+  for (std::size_t i = 0; i < rungs.size(); ++i) {
+    const std::string page = "docs/" + rungs[i] + ".md", dir = "steps/" + rungs[i] + "/";
+    if (i > 0)
+      EXPECT_TRUE(given(page, [&](const DiffClaim& d) {
+        return starts_with(d.a, "steps/") && !starts_with(d.a, dir) && d.a < dir && starts_with(d.b, dir);
+      })) << page << " gives no diff from an earlier rung to " << dir;
+    std::map<int, std::string> files;  // version number -> file name
+    for (const auto& e : fs::directory_iterator(kRoot / dir)) {
+      std::smatch m;
+      const std::string f = e.path().filename().string();
+      if (std::regex_match(f, m, version)) files[std::stoi(m[1])] = f;
+    }
+    for (const auto& [k, f] : files) {
+      if (!files.count(k - 1)) continue;
+      const std::string a = dir + files.at(k - 1), b = dir + f;
+      EXPECT_TRUE(given(page, [&](const DiffClaim& d) { return d.a == a && d.b == b; }))
+          << page << " gives no `diff " << a << " " << b << "` with its count";
+    }
+  }
+}
+
+TEST(DiffsChecker, ReadsClaimsAndCountsLines) {
+  const auto c = diff_claims("x.md", "```\ndiff a.cu b.cu   # 12 lines: the idea\ndiff c d\n```\ndiff e f # 3 lines\n");
+  ASSERT_EQ(c.size(), 2u);  // the one outside a fenced block is prose, not a command
+  EXPECT_EQ(c[0].a, "a.cu");
+  EXPECT_EQ(c[0].claimed, 12);
+  EXPECT_EQ(c[1].claimed, -1);
+  const fs::path tmp = fs::temp_directory_path() / "fl_diff_check";
+  fs::create_directories(tmp);
+  std::ofstream(tmp / "a") << "1\n2\n3\n";
+  std::ofstream(tmp / "b") << "1\nTWO\n3\n4\n";
+  EXPECT_EQ(changed_lines(tmp / "a", tmp / "b"), 3);  // < 2, > TWO, > 4
+  EXPECT_EQ(changed_lines(tmp / "a", tmp / "a"), 0);
+  EXPECT_EQ(changed_lines(tmp / "a", tmp / "missing"), -1);
+  fs::remove_all(tmp);
 }
 
 // ---- The checker itself: it must catch what it is for ------------------------------------------

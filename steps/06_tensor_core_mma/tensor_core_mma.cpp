@@ -92,12 +92,18 @@ void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, Tiling
   else twin<Eigen::bfloat16>(s, a, io, tile);
 }
 
+void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs& a) {
+  const Rung* r = Registry::instance().find(info(v).name, Backend::Cuda);
+  if (!r) throw InputError(std::string("rung ") + info(v).name + " (cuda) is not in this build (built without CUDA)");
+  r->forward(s, t, a);
+}
+
 // One twin per version (they differ only in the rows per block, which the IO count follows), so
 // every version's GPU rung is checked against a twin of the same name.
 static const struct RegisterTwins {
   RegisterTwins() {
     for (const VersionInfo& v : kVersions)
-      Registry::instance().add(std::make_unique<TensorCoreRung<Backend::Cpu>>(v.name, v.idea, v.version));
+      Registry::instance().add(std::make_unique<TensorCoreRung>(v.name, v.idea, v.version));
   }
 } registered;
 

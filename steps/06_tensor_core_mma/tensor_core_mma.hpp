@@ -25,6 +25,8 @@
 //                just after the barrier, when every warp is done with the buffer it overwrites.
 #pragma once
 
+#include <iterator>
+
 #include "../05_fa2_loop_order/fa2_loop_order.hpp"
 
 namespace fl::tensor_core_mma {
@@ -56,28 +58,31 @@ Capabilities capabilities();
 // held to.
 void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, Tiling tile);
 
-void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs& a);
+// A version's kernel launcher (CUDA builds only): each version file (v1_mma.cu ... v9_one_sync.cu)
+// defines one and registers it under the version's name (launch.cuh).
+using KernelFn = void (*)(Version, const AttentionShape&, DType, const ForwardArgs&);
 
-template <Backend B>
+// One version on one backend: the twin (kernel == nullptr) with the version's tiling, or its kernel.
 class TensorCoreRung final : public Rung {
  public:
-  TensorCoreRung(std::string name, std::string idea, Version v)
-      : name_(std::move(name)), idea_(std::move(idea)), version_(v) {}
+  TensorCoreRung(std::string name, std::string idea, Version v, KernelFn kernel = nullptr)
+      : name_(std::move(name)), idea_(std::move(idea)), version_(v), kernel_(kernel) {}
   std::string name() const override { return name_; }
   std::string idea() const override { return idea_; }
-  Backend backend() const override { return B; }
+  Backend backend() const override { return kernel_ ? Backend::Cuda : Backend::Cpu; }
   Capabilities caps() const override { return capabilities(); }
   IoModel modelled_io(const AttentionShape& s, DType t) const override {
     return io_model(s, t, tiling(version_, s.head_dim));
   }
   void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
-    if constexpr (B == Backend::Cpu) twin_forward(s, t, a, tiling(version_, s.head_dim));
-    else gpu_forward(version_, s, t, a);
+    if (kernel_) kernel_(version_, s, t, a);
+    else twin_forward(s, t, a, tiling(version_, s.head_dim));
   }
 
  private:
   std::string name_, idea_;
   Version version_;
+  KernelFn kernel_;
 };
 
 struct VersionInfo {
@@ -106,5 +111,11 @@ inline constexpr VersionInfo kVersions[] = {
      "v8 + one barrier per K/V block: the next block's copy starts right after it"},
 };
 inline constexpr const char* kV1Name = kVersions[0].name;
+constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
+static_assert(int(Version::V9OneSync) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+
+// Version v's kernel as the registry holds it (rung 07 pairs its backward with v9's forward this
+// way); throws InputError where the library was built without CUDA.
+void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs& a);
 
 }  // namespace fl::tensor_core_mma

@@ -43,11 +43,10 @@ Capabilities capabilities(Precision p) {
   return c;
 }
 
-IoModel io_model(const AttentionShape& s, DType t) {
+IoModel io_model(const AttentionShape& s, DType t, int64_t kBc) {
   const double d = double(s.head_dim), e = double(dtype_bytes(t)), f = sizeof(float), nq = double(s.seq_q);
   // Once per query head: O, dO read; D written; dQ's fp32 accumulator zeroed.
   double read = double(s.heads) * 2 * nq * d * e, written = double(s.heads) * (nq * f + nq * d * f);
-  const int64_t kBc = block_keys(t);
   for (int64_t j0 = 0; j0 < s.seq_k; j0 += kBc) {
     const double bc = double(std::min(kBc, s.seq_k - j0));
     read += double(s.kv_heads) * 2 * bc * d * e;     // K_j, V_j, once per key/value head
@@ -75,7 +74,7 @@ Block round_to(const Block& x) {
 
 // T is the storage type: float, Eigen::half or Eigen::bfloat16.
 template <class T>
-void twin(const AttentionShape& s, const BackwardArgs& a, IoCounter& io) {
+void twin(const AttentionShape& s, const BackwardArgs& a, IoCounter& io, int64_t kBc) {
   constexpr bool kFp32 = std::is_same_v<T, float>;
   const int64_t d = s.head_dim, q_rows = s.batch * s.heads * s.seq_q, kv_rows = s.batch * s.kv_heads * s.seq_k;
   HbmMatrix<const T> Q(static_cast<const T*>(a.q), q_rows, d, io);
@@ -93,7 +92,6 @@ void twin(const AttentionShape& s, const BackwardArgs& a, IoCounter& io) {
   float* acc = kFp32 ? static_cast<float*>(a.dq) : reinterpret_cast<float*>(ws + dq_accum_offset(s));
   HbmMatrix<float> dQacc(acc, q_rows, d, io);
   const float scale = s.softmax_scale();
-  const int64_t kBc = block_keys(kFp32 ? DType::F32 : DType::F16);
 
   // Preprocessing, once per query head: D = rowsum(dO ∘ O), and a zero accumulator for dQ.
   for (int64_t b = 0; b < s.batch; ++b)
@@ -141,18 +139,23 @@ void twin(const AttentionShape& s, const BackwardArgs& a, IoCounter& io) {
 
 }  // namespace
 
-void twin_backward(const AttentionShape& s, DType t, const BackwardArgs& a) {
+void twin_backward(const AttentionShape& s, DType t, const BackwardArgs& a, int64_t block_keys) {
   IoCounter scratch;
   IoCounter& io = a.io ? *a.io : scratch;
   switch (t) {
-    case DType::F32: return twin<float>(s, a, io);
-    case DType::F16: return twin<Eigen::half>(s, a, io);
-    case DType::BF16: return twin<Eigen::bfloat16>(s, a, io);
+    case DType::F32: return twin<float>(s, a, io, block_keys);
+    case DType::F16: return twin<Eigen::half>(s, a, io, block_keys);
+    case DType::BF16: return twin<Eigen::bfloat16>(s, a, io, block_keys);
   }
 }
 
-static const Register<BackwardRung<Backend::Cpu, Precision::Fp32>> registered;
-static const Register<BackwardRung<Backend::Cpu, Precision::TensorCore>> registered_mma;
+// A twin for every version, under the version's name, with that version's block size: every
+// kernel is checked against a twin of the same name.
+static const struct RegisterTwins {
+  RegisterTwins() {
+    for (const VersionInfo& v : kVersions) Registry::instance().add(std::make_unique<BackwardRung>(v.version));
+  }
+} registered;
 
 
 }  // namespace fl::backward

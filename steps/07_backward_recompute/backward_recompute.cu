@@ -17,7 +17,7 @@ namespace fl::backward {
 namespace {
 
 constexpr int kSide = 16, kThreads = kSide * kSide;  // thread (ty, tx) owns rows ty + 16a, cols tx + 16b
-constexpr int BR = int(kBr), BC = int(block_keys(DType::F32));
+constexpr int BR = int(kBr), BC = int(info(Version::Fp32).block_keys);
 constexpr int kA = BR / kSide, kB = BC / kSide;        // 4 × 4 entries of each 64 × 64 tile per thread
 
 // D_r = Σ_c dO_rc · O_rc, one warp per row.
@@ -177,9 +177,7 @@ void launch(const AttentionShape& s, const BackwardArgs& a) {
   FL_CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace
-
-void gpu_backward(const AttentionShape& s, const BackwardArgs& a) {
+void gpu_backward(Version, const AttentionShape& s, DType, const BackwardArgs& a) {
   if (s.kv_heads > 65535 || s.batch > 65535)
     throw InputError("rung 07_backward_recompute (cuda): kv_heads and batch must each be at most 65535");
   switch (s.head_dim) {
@@ -190,6 +188,8 @@ void gpu_backward(const AttentionShape& s, const BackwardArgs& a) {
   }
 }
 
-static const Register<BackwardRung<Backend::Cuda, Precision::Fp32>> registered;
+}  // namespace
+
+static const Register<BackwardRung> registered{Version::Fp32, &gpu_backward};
 
 }  // namespace fl::backward

@@ -11,34 +11,62 @@
 // is read, added to and written back on every step (the GPU kernel will use atomics for it).
 // Grouped-query attention: dK and dV of a key/value head sum the query heads of its group.
 //
-// Two precisions, two rungs. "07_backward_recompute" is the readable fp32 version on CUDA cores
-// (backward_recompute.cu), its forward rung 05's. "07_backward_recompute/mma" is the same loop on
-// the tensor cores in fp16/bf16 with fp32 accumulation (backward_mma.cu), its forward rung 06's
-// v9_one_sync; its dQ accumulates in an fp32 workspace that a last pass scales and rounds. One CPU twin
-// (backward_recompute.cpp) serves both, with the roundings the precision calls for.
+// The rung is built as versions, each a file and a registered name (docs/07_backward_recompute.md):
+//   07_backward_recompute          the readable fp32 backward on CUDA cores (backward_recompute.cu),
+//                                  its forward rung 05's;
+//   07_backward_recompute/v1_mma   the same loop on the tensor cores, fp16/bf16 in, fp32 accumulate:
+//                                  the five products of a step as mma.sync, dQ added to an fp32
+//                                  workspace with atomics and rounded by a last pass (v1_mma.cu);
+//   .../v2_eight_warps, v3_kv_regs, v4_2d_tiles: one idea each (their files say which);
+//   .../v5_wgmma                   the step on Hopper's warpgroup MMA (sm_90a only);
+//   07_backward_recompute/mma      the fastest of v1..v5 that the GPU runs (fastest_version).
+// The tensor-core versions' forward is rung 06's v9_one_sync. One CPU twin (backward_recompute.cpp)
+// serves every version, with the roundings and the block size of the version it stands for.
 #pragma once
 
 #include "../05_fa2_loop_order/fa2_loop_order.hpp"
 #include "../06_tensor_core_mma/tensor_core_mma.hpp"
 
+#include <iterator>
+
 namespace fl::backward {
 
-// Query rows per step, both kernels; keys per K/V block: 64 for the fp32 kernel, 128 for the
-// tensor-core one (8 warps of 16 keys; backward_mma.cu says why). The twin and the IO model follow.
+// Query rows per step, every kernel.
 inline constexpr int64_t kBr = 64;
-constexpr int64_t block_keys(DType t) { return t == DType::F32 ? 64 : 128; }
 
-inline constexpr const char* kName = "07_backward_recompute";
-inline constexpr const char* kIdea =
-    "dQ, dK, dV from Q, K, V, O, dO and lse only: P recomputed tile by tile, D = rowsum(dO*O)";
-inline constexpr const char* kMmaName = "07_backward_recompute/mma";
-inline constexpr const char* kMmaIdea =
-    "the same backward on the tensor cores: five mma.sync products per tile, fp16/bf16 in, fp32 dQ by atomics";
-
-// fp32 on CUDA cores, or 16-bit on the tensor cores.
+enum class Version { Fp32, V1Mma, V2EightWarps, V3KvRegs, V4Tiles2d, V5Wgmma, Fastest };
 enum class Precision { Fp32, TensorCore };
 
-// The forward the tensor-core rung pairs with: rung 06's fastest version.
+struct VersionInfo {
+  Version version;
+  const char* name;
+  const char* idea;
+  int64_t block_keys;  // keys per K/V block (B_c): the kernel's, which the twin and the IO model follow
+};
+inline constexpr VersionInfo kVersions[] = {
+    {Version::Fp32, "07_backward_recompute",
+     "dQ, dK, dV from Q, K, V, O, dO and lse only: P recomputed tile by tile, D = rowsum(dO*O)", 64},
+    {Version::V1Mma, "07_backward_recompute/v1_mma",
+     "the backward on the tensor cores: five mma.sync products per step, 4 warps of 16 keys, fp32 dQ by atomics", 64},
+    {Version::V2EightWarps, "07_backward_recompute/v2_eight_warps",
+     "v1 with 8 warps, 128 keys per block: half the dQ atomics and Q/dO tile loads per key", 128},
+    {Version::V3KvRegs, "07_backward_recompute/v3_kv_regs",
+     "v2 with K and V A-fragments held in registers for the whole block (d = 64)", 128},
+    {Version::V4Tiles2d, "07_backward_recompute/v4_2d_tiles",
+     "v3's step with each product given its own 4x2 warp layout; P and dS through shared memory", 128},
+    {Version::V5Wgmma, "07_backward_recompute/v5_wgmma",
+     "v4's step on Hopper's warpgroup MMA: operands read from shared memory by descriptor (sm_90a)", 128},
+    {Version::Fastest, "07_backward_recompute/mma",
+     "the fastest tensor-core version this GPU runs: v5_wgmma on Hopper, else v3_kv_regs (d = 64) or v4_2d_tiles", 128},
+};
+constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
+static_assert(int(Version::Fastest) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+constexpr Precision precision(Version v) { return v == Version::Fp32 ? Precision::Fp32 : Precision::TensorCore; }
+
+inline constexpr const char* kName = kVersions[0].name;
+inline constexpr const char* kMmaName = info(Version::Fastest).name;
+
+// The forward the tensor-core versions pair with: rung 06's fastest version.
 inline constexpr tensor_core_mma::Version kMmaForward = tensor_core_mma::Version::V9OneSync;
 
 // The device memory the backward adds, linear in N: D (B·H·Nq fp32); the tensor-core version adds
@@ -54,53 +82,57 @@ std::size_t dq_accum_offset(const AttentionShape& s);
 //   16-bit only, at the end: dQ's accumulator read, dQ written in the dtype.
 // Non-causal that is Θ(Nq·d + Nk·d + Tc·Nq·d) per head: the dQ round trips play the part the
 // O round trips played in rung 04.
-IoModel io_model(const AttentionShape& s, DType t);
+IoModel io_model(const AttentionShape& s, DType t, int64_t block_keys);
 
 Capabilities capabilities(Precision p);
 
 // The CPU twin of the backward pass, counting its traffic into a.io when set. fp32: dQ accumulates
 // in place. fp16/bf16: the tensor-core kernel's roundings (P and dS rounded to the dtype before
 // the products they feed, dQ accumulated in fp32 in the workspace, dK, dV, dQ rounded once).
-void twin_backward(const AttentionShape& s, DType t, const BackwardArgs& a);
+void twin_backward(const AttentionShape& s, DType t, const BackwardArgs& a, int64_t block_keys);
 
-// The readable fp32 CUDA backward (CUDA builds only): D, then one thread block per K/V block.
-void gpu_backward(const AttentionShape& s, const BackwardArgs& a);
+// The version 07_backward_recompute/mma runs for this head dim on the current GPU (CUDA builds only).
+Version fastest_version(int64_t head_dim);
 
-// The tensor-core backward (CUDA builds only), fp16 or bf16, d = 64 or 128.
-void gpu_backward_mma(const AttentionShape& s, DType t, const BackwardArgs& a);
+// A version's backward kernels (CUDA builds only): backward_recompute.cu and each tensor-core
+// version file define one and register it under the version's name.
+using BackwardKernelFn = void (*)(Version, const AttentionShape&, DType, const BackwardArgs&);
 
-// The rung on either backend and in either precision. The forward is the earlier rung's (this
-// rung's subject is the backward pass): rung 05's for fp32, rung 06 v9_one_sync's for 16 bits. The
-// twins register in backward_recompute.cpp, the kernels in the .cu files.
-template <Backend B, Precision P>
+// One version on one backend: the twin (kernel == nullptr) or its kernels. The forward is the
+// earlier rung's (this rung's subject is the backward pass): rung 05's for fp32, rung 06
+// v9_one_sync's for 16 bits.
 class BackwardRung final : public Rung {
  public:
-  std::string name() const override { return P == Precision::Fp32 ? kName : kMmaName; }
-  std::string idea() const override { return P == Precision::Fp32 ? kIdea : kMmaIdea; }
-  Backend backend() const override { return B; }
-  Capabilities caps() const override { return capabilities(P); }
+  explicit BackwardRung(Version v, BackwardKernelFn kernel = nullptr) : v_(v), kernel_(kernel) {}
+  std::string name() const override { return info(v_).name; }
+  std::string idea() const override { return info(v_).idea; }
+  Backend backend() const override { return kernel_ ? Backend::Cuda : Backend::Cpu; }
+  Capabilities caps() const override { return capabilities(precision(v_)); }
   std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override {
-    return backward::workspace_bytes(s, P);
+    return backward::workspace_bytes(s, precision(v_));
   }
-  IoModel modelled_backward_io(const AttentionShape& s, DType t) const override { return io_model(s, t); }
-  IoModel modelled_io(const AttentionShape& s, DType t) const override {
-    if constexpr (P == Precision::Fp32) return fa2::io_model(s);
-    else return tensor_core_mma::io_model(s, t, tensor_core_mma::tiling(kMmaForward, s.head_dim));
+  IoModel modelled_backward_io(const AttentionShape& s, DType t) const override {
+    return io_model(s, t, info(v_).block_keys);
   }
+  IoModel modelled_io(const AttentionShape& s, DType t) const override { return forward_rung().modelled_io(s, t); }
   void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
-    if constexpr (P == Precision::Fp32) {
-      if constexpr (B == Backend::Cpu) fa2::twin_forward(s, a);
-      else fa2::gpu_forward(s, a);
-    } else {
-      if constexpr (B == Backend::Cpu) tensor_core_mma::twin_forward(s, t, a, tensor_core_mma::tiling(kMmaForward, s.head_dim));
-      else tensor_core_mma::gpu_forward(kMmaForward, s, t, a);
-    }
+    forward_rung().forward(s, t, a);
   }
   void backward(const AttentionShape& s, DType t, const BackwardArgs& a) const override {
-    if constexpr (B == Backend::Cpu) twin_backward(s, t, a);
-    else if constexpr (P == Precision::Fp32) gpu_backward(s, a);
-    else gpu_backward_mma(s, t, a);
+    if (kernel_) kernel_(v_, s, t, a);
+    else twin_backward(s, t, a, info(v_).block_keys);
   }
+
+ private:
+  // The rung whose forward this version pairs with, on the same backend, from the registry.
+  const Rung& forward_rung() const {
+    const std::string fwd = v_ == Version::Fp32 ? fa2::kSpec.name : tensor_core_mma::info(kMmaForward).name;
+    const Rung* r = Registry::instance().find(fwd, backend());
+    if (!r) throw InputError("rung " + label() + " pairs with the forward of " + fwd + ", which this build lacks");
+    return *r;
+  }
+  Version v_;
+  BackwardKernelFn kernel_;
 };
 
 }  // namespace fl::backward

@@ -1,29 +1,28 @@
 #!/usr/bin/env python3
-"""Rung 07's backward variants timed round-robin in ONE process against FlashAttention-2.
+"""Rung 07's backward versions timed round-robin in ONE process against FlashAttention-2.
 
-bench/backward_variants.py runs each variant in its own process, each against its own FA2 timing;
-FA2's time moves by a few percent between processes, as much as the differences between variants.
-This probe keeps one process: for every shape of the bf16 grid (H = 16, B·N = 16384, N = 1024,
+FA2's time moves by a few percent between processes, as much as the differences between versions,
+so this probe keeps one process: for every shape of the bf16 grid (H = 16, B·N = 16384, N = 1024,
 4096, 16384, d = 64 and 128, causal and not) it makes the tensors once, then times SDPA's flash
-backend and every variant (switched through FL_BACKWARD_VARIANT, which the library reads at every
-call) in three interleaved rounds of four runs each, and prints each variant's median over FA2's.
-A second library (--base-lib, e.g. built from an earlier commit) joins as "base" with its default.
-It checks every variant's gradients against FA2's (relative error, printed). Not part of the GPU
-suite: run it by hand when choosing between variants (docs/07_backward_recompute.md, "One register
-per address", has its numbers).
+backend and every named version (registered rungs, called through the C ABI) in three interleaved
+rounds of four runs each, and prints each version's median over FA2's. A second library
+(--base-lib, e.g. built from an earlier commit) joins as "base" with its rung --base-rung. It
+checks every version's gradients against FA2's (relative error, printed). Not part of the GPU
+suite: run it by hand when comparing versions (docs/07_backward_recompute.md's appendix has its
+numbers), or under a profiler with --only.
 
-    python3 bench/variant_probe.py --lib build-hopper/capi/libflash_ladder.so \\
-        --v64 wg,w8_kv,t2d_nofold --v128 wg,t2d,t2d_nofold
+    python3 bench/version_probe.py --lib build-hopper/capi/libflash_ladder.so \\
+        --v64 v5_wgmma,v3_kv_regs,v4_2d_tiles --v128 v5_wgmma,v4_2d_tiles
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
-import os
 import statistics
 import sys
 
-RUNG = b"07_backward_recompute/mma"
+PREFIX = "07_backward_recompute/"  # version names are given without it
+FORWARD = b"07_backward_recompute/mma"  # its forward (rung 06 v9) makes O and lse
 
 
 class FlShape(ctypes.Structure):
@@ -46,9 +45,10 @@ def load(path: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True, help="libflash_ladder.so to probe")
-    ap.add_argument("--base-lib", help="a second libflash_ladder.so, timed with its default variant as 'base'")
-    ap.add_argument("--v64", default="wg,w8_kv,t2d_nofold", help="variants at d = 64, comma-separated")
-    ap.add_argument("--v128", default="wg,t2d,t2d_nofold", help="variants at d = 128, comma-separated")
+    ap.add_argument("--base-lib", help="a second libflash_ladder.so, timed as 'base' with its rung --base-rung")
+    ap.add_argument("--base-rung", default=PREFIX + "mma", help="the rung of --base-lib to time (default: %(default)s)")
+    ap.add_argument("--v64", default="v5_wgmma,v3_kv_regs,v4_2d_tiles", help="versions at d = 64, comma-separated")
+    ap.add_argument("--v128", default="v5_wgmma,v4_2d_tiles", help="versions at d = 128, comma-separated")
     ap.add_argument("--only", metavar="D,N,CAUSAL",
                     help="one shape of the grid, e.g. 128,16384,0 (for a profiler: see docs/07, 'On Hopper')")
     args = ap.parse_args(argv)
@@ -67,10 +67,10 @@ def main(argv=None) -> int:
         import torch.nn.functional as F
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError as e:
-        print(f"variant_probe: needs PyTorch with CUDA ({e})", file=sys.stderr)
+        print(f"version_probe: needs PyTorch with CUDA ({e})", file=sys.stderr)
         return 1
     if not torch.cuda.is_available():
-        print("variant_probe: no CUDA device", file=sys.stderr)
+        print("version_probe: no CUDA device", file=sys.stderr)
         return 1
     libs = {"new": load(args.lib)}
     if args.base_lib:
@@ -103,18 +103,17 @@ def main(argv=None) -> int:
         o = torch.empty_like(q)
         lse = torch.empty(B, H, n, device="cuda", dtype=torch.float32)
         new = libs["new"]
-        chk(new, new.fl_forward(RUNG, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+        chk(new, new.fl_forward(FORWARD, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                 o.data_ptr(), lse.data_ptr(), None, 0, None))
         nb = ctypes.c_size_t(0)
-        chk(new, new.fl_backward_workspace_bytes(RUNG, b"cuda", ctypes.byref(s), 2, ctypes.byref(nb)))
+        chk(new, new.fl_backward_workspace_bytes(FORWARD, b"cuda", ctypes.byref(s), 2, ctypes.byref(nb)))
         ws = torch.empty(nb.value, dtype=torch.uint8, device="cuda")
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         stream = torch.cuda.current_stream().cuda_stream
 
-        def ours(lib, name):
+        def ours(lib, rung):
             def run():
-                os.environ["FL_BACKWARD_VARIANT"] = name
-                chk(lib, lib.fl_backward(RUNG, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                chk(lib, lib.fl_backward(rung.encode(), ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                          o.data_ptr(), lse.data_ptr(), do.data_ptr(), dq.data_ptr(),
                                          dk.data_ptr(), dv.data_ptr(), ws.data_ptr(), ws.numel(), stream))
             return run
@@ -131,9 +130,9 @@ def main(argv=None) -> int:
             ref = (qq.grad.clone(), kk.grad.clone(), vv.grad.clone())
             cands = {"fa2": fa2}
             if "base" in libs:
-                cands["base"] = ours(libs["base"], "")
+                cands["base"] = ours(libs["base"], args.base_rung)
             for name in variants[d]:
-                cands[name] = ours(new, name)
+                cands[name] = ours(new, PREFIX + name)
             times = {c: [] for c in cands}
             for _ in range(3):
                 for c, fn in cands.items():
@@ -141,14 +140,13 @@ def main(argv=None) -> int:
         med = {c: statistics.median(t) for c, t in times.items()}
         errs = []
         for name in variants[d]:
-            ours(new, name)()
+            ours(new, PREFIX + name)()
             torch.cuda.synchronize()
             e = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip((dq, dk, dv), ref))
             errs.append(f"{name} {e:.1e}")
         print(f"d={d:3d} N={n:5d} {'causal' if causal else 'full  '} FA2 {med['fa2']:7.3f} ms | "
               + " ".join(f"{c} {med[c] / med['fa2']:.3f}" for c in cands if c != "fa2")
               + " | error against FA2's gradients: " + ", ".join(errs), flush=True)
-    os.environ.pop("FL_BACKWARD_VARIANT", None)
     return 0
 
 
