@@ -1,10 +1,15 @@
 // The one interface every rung implements, and the registry rungs add themselves to.
 //
 // A rung is one step of the ladder on one backend: steps/00_naive_eigen registers a CPU twin and,
-// when built with CUDA, a GPU kernel under the same name. A source file registers its rung with
-//     static const fl::Register<MyRung> registered;
-// and its directory's CMakeLists.txt adds it with one line (flash_ladder_add_rung). Nothing else
-// in the project lists the rungs.
+// when built with CUDA, a GPU kernel under the same name. Every rung is declared the same way: a
+// class template over the backend that says what the rung is (name, idea, what it accepts, its
+// IO model) and runs the twin or the kernel,
+//     template <Backend B> class MyRung final : public Rung { ... };
+// registered with one line in the twin's .cpp and one in the kernel's .cu,
+//     static const fl::Register<MyRung<Backend::Cpu>> registered;   // MyRung<Backend::Cuda> in the .cu
+// (a rung of versions passes the version, and its kernel, to the constructor), and its directory's
+// CMakeLists.txt adds it with one line (flash_ladder_add_rung). Nothing else in the project lists
+// the rungs.
 #pragma once
 
 #include <limits>

@@ -485,7 +485,9 @@ TEST(Diffs, EveryDocumentedDiffIsNoLongerThanTheChapterSays) {
     EXPECT_GE(d.claimed, 0) << "the line gives no count: end it with '# N lines: what changed'";
     const long n = changed_lines(kRoot / d.a, kRoot / d.b);
     ASSERT_GE(n, 0) << "diff failed";
-    if (d.claimed >= 0) EXPECT_LE(n, d.claimed) << "the diff has " << n << " changed lines; the chapter says " << d.claimed;
+    if (d.claimed >= 0) {
+      EXPECT_LE(n, d.claimed) << "the diff has " << n << " changed lines; the chapter says " << d.claimed;
+    }
   }
 }
 
@@ -503,10 +505,11 @@ TEST(Diffs, EveryRungAndVersionHasItsDiff) {
   static const std::regex version(R"(v(\d+)_\w+\.(cu|cpp))");
   for (std::size_t i = 0; i < rungs.size(); ++i) {
     const std::string page = "docs/" + rungs[i] + ".md", dir = "steps/" + rungs[i] + "/";
-    if (i > 0)
+    if (i > 0) {
       EXPECT_TRUE(given(page, [&](const DiffClaim& d) {
         return starts_with(d.a, "steps/") && !starts_with(d.a, dir) && d.a < dir && starts_with(d.b, dir);
       })) << page << " gives no diff from an earlier rung to " << dir;
+    }
     std::map<int, std::string> files;  // version number -> file name
     for (const auto& e : fs::directory_iterator(kRoot / dir)) {
       std::smatch m;

@@ -23,6 +23,6 @@ void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<floa
   }
 }
 
-static const Register<standard::StandardTwin> registered{kSpec, twin_softmax};
+static const Register<standard::StandardRung<Backend::Cpu>> registered{kSpec, twin_softmax};
 
 }  // namespace fl::naive_eigen

@@ -35,6 +35,6 @@ void gpu_softmax(const float* S, float* P, float* lse, int64_t rows, int64_t col
   FL_CUDA_CHECK_LAUNCH();
 }
 
-static const Register<standard::StandardGpu> registered{kSpec, gpu_softmax};
+static const Register<standard::StandardRung<Backend::Cuda>> registered{kSpec, gpu_softmax};
 
 }  // namespace fl::naive_eigen

@@ -9,6 +9,8 @@
 // shows the one idea each rung teaches.
 #pragma once
 
+#include <type_traits>
+
 #include "io_counter.hpp"
 #include "rung.hpp"
 
@@ -42,19 +44,25 @@ using GpuSoftmax = void (*)(const float* S, float* P, float* lse, int64_t rows, 
 // Launches passes 1, 2 (the given softmax) and 3 on device pointers (CUDA builds only).
 void gpu_forward(const AttentionShape& s, const ForwardArgs& a, GpuSoftmax softmax);
 
-// ---- The rung classes of 00–02 ----------------------------------------------------------------
-// All that differs between those rungs is named here; the softmax functions come with the backend.
+// ---- The rung class of 00–02 -----------------------------------------------------------------
+// All that differs between those rungs is named here; the softmax pass comes with the backend.
 struct Spec {
   const char* name;   // the directory name, "00_naive_eigen"
   const char* idea;   // one line for `ladder --list`
   int softmax_reads;  // how many times the softmax pass reads each row of S
 };
 
-class StandardRung : public Rung {
+// The rung on either backend, as every rung is declared (common/rung.hpp): the twin registers
+// `Register<StandardRung<Backend::Cpu>>{kSpec, twin_softmax}` in the rung's .cpp, the kernels
+// `Register<StandardRung<Backend::Cuda>>{kSpec, gpu_softmax}` in its .cu.
+template <Backend B>
+class StandardRung final : public Rung {
  public:
-  explicit StandardRung(Spec spec) : spec_(spec) {}
+  using Softmax = std::conditional_t<B == Backend::Cpu, TwinSoftmax, GpuSoftmax>;
+  StandardRung(Spec spec, Softmax softmax) : spec_(spec), softmax_(softmax) {}
   std::string name() const override { return spec_.name; }
   std::string idea() const override { return spec_.idea; }
+  Backend backend() const override { return B; }
   Capabilities caps() const override { return capabilities(); }
   std::size_t workspace_bytes(const AttentionShape& s, DType) const override {
     return standard::workspace_bytes(s);
@@ -62,35 +70,14 @@ class StandardRung : public Rung {
   IoModel modelled_io(const AttentionShape& s, DType) const override {
     return io_model(s, spec_.softmax_reads);
   }
+  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) twin_forward(s, a, softmax_);
+    else gpu_forward(s, a, softmax_);
+  }
 
  private:
   Spec spec_;
-};
-
-// The CPU twin of a standard-attention rung.
-class StandardTwin final : public StandardRung {
- public:
-  StandardTwin(Spec spec, TwinSoftmax softmax) : StandardRung(spec), softmax_(softmax) {}
-  Backend backend() const override { return Backend::Cpu; }
-  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override {
-    twin_forward(s, a, softmax_);
-  }
-
- private:
-  TwinSoftmax softmax_;
-};
-
-// The GPU kernels of a standard-attention rung.
-class StandardGpu final : public StandardRung {
- public:
-  StandardGpu(Spec spec, GpuSoftmax softmax) : StandardRung(spec), softmax_(softmax) {}
-  Backend backend() const override { return Backend::Cuda; }
-  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override {
-    gpu_forward(s, a, softmax_);
-  }
-
- private:
-  GpuSoftmax softmax_;
+  Softmax softmax_;
 };
 
 }  // namespace fl::standard

@@ -26,6 +26,6 @@ void twin_softmax(const HbmMatrix<float>& S, HbmMatrix<float>& P, HbmMatrix<floa
   }
 }
 
-static const Register<standard::StandardTwin> registered{kSpec, twin_softmax};
+static const Register<standard::StandardRung<Backend::Cpu>> registered{kSpec, twin_softmax};
 
 }  // namespace fl::safe_softmax

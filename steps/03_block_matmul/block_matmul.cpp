@@ -106,18 +106,5 @@ void twin_fused_no_softmax(const AttentionShape& s, const float* q, const float*
     }
 }
 
-namespace {
-
-// The CPU twin: tiles through the IO counter, rung 02's softmax between.
-class Twin final : public standard::StandardRung {
- public:
-  Twin() : StandardRung(kSpec) {}
-  Backend backend() const override { return Backend::Cpu; }
-  IoModel modelled_io(const AttentionShape& s, DType) const override { return io_model(s); }
-  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override { twin_forward(s, a); }
-};
-
-const Register<Twin> registered;
-
-}  // namespace
+static const Register<BlockMatmul<Backend::Cpu>> registered;
 }  // namespace fl::block_matmul

@@ -157,17 +157,5 @@ void gpu_fused_no_softmax(const AttentionShape& s, const float* q, const float* 
   FL_CUDA_CHECK_LAUNCH();
 }
 
-namespace {
-
-class Gpu final : public standard::StandardRung {
- public:
-  Gpu() : StandardRung(kSpec) {}
-  Backend backend() const override { return Backend::Cuda; }
-  IoModel modelled_io(const AttentionShape& s, DType) const override { return io_model(s); }
-  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override { gpu_forward(s, a); }
-};
-
-const Register<Gpu> registered;
-
-}  // namespace
+static const Register<BlockMatmul<Backend::Cuda>> registered;
 }  // namespace fl::block_matmul

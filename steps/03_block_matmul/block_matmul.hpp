@@ -25,6 +25,23 @@ IoModel io_model(const AttentionShape& s);
 void twin_forward(const AttentionShape& s, const ForwardArgs& a);
 void gpu_forward(const AttentionShape& s, const ForwardArgs& a);
 
+// The rung on either backend: the twin in block_matmul.cpp, the kernels in block_matmul.cu. What
+// it accepts and the memory it needs are standard attention's (S and P in device memory).
+template <Backend B>
+class BlockMatmul final : public Rung {
+ public:
+  std::string name() const override { return kSpec.name; }
+  std::string idea() const override { return kSpec.idea; }
+  Backend backend() const override { return B; }
+  Capabilities caps() const override { return standard::capabilities(); }
+  std::size_t workspace_bytes(const AttentionShape& s, DType) const override { return standard::workspace_bytes(s); }
+  IoModel modelled_io(const AttentionShape& s, DType) const override { return io_model(s); }
+  void forward(const AttentionShape& s, DType, const ForwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) twin_forward(s, a);
+    else gpu_forward(s, a);
+  }
+};
+
 // ---- Fusion without softmax --------------------------------------------------------------------
 // O_i = Σ_j (Q_i·K_jᵀ·scale)·V_j for every T-row block i: one pass, S_ij lives on chip only.
 // Possible because without softmax each tile's contribution is final the moment it is computed.

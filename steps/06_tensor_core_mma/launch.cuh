@@ -46,7 +46,7 @@ void dispatch(Version v, const AttentionShape& s, DType t, const ForwardArgs& a)
 template <class Launch>
 struct RegisterKernel {
   explicit RegisterKernel(Version v) {
-    Registry::instance().add(std::make_unique<TensorCoreRung>(info(v).name, info(v).idea, v, &dispatch<Launch>));
+    Registry::instance().add(std::make_unique<TensorCoreRung<Backend::Cuda>>(v, &dispatch<Launch>));
   }
 };
 

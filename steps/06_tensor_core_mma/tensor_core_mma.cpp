@@ -102,8 +102,7 @@ void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs&
 // every version's GPU rung is checked against a twin of the same name.
 static const struct RegisterTwins {
   RegisterTwins() {
-    for (const VersionInfo& v : kVersions)
-      Registry::instance().add(std::make_unique<TensorCoreRung>(v.name, v.idea, v.version));
+    for (const VersionInfo& v : kVersions) Registry::instance().add(std::make_unique<TensorCoreRung<Backend::Cpu>>(v.version));
   }
 } registered;
 

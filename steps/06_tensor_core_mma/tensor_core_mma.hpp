@@ -58,33 +58,6 @@ Capabilities capabilities();
 // held to.
 void twin_forward(const AttentionShape& s, DType t, const ForwardArgs& a, Tiling tile);
 
-// A version's kernel launcher (CUDA builds only): each version file (v1_mma.cu ... v9_one_sync.cu)
-// defines one and registers it under the version's name (launch.cuh).
-using KernelFn = void (*)(Version, const AttentionShape&, DType, const ForwardArgs&);
-
-// One version on one backend: the twin (kernel == nullptr) with the version's tiling, or its kernel.
-class TensorCoreRung final : public Rung {
- public:
-  TensorCoreRung(std::string name, std::string idea, Version v, KernelFn kernel = nullptr)
-      : name_(std::move(name)), idea_(std::move(idea)), version_(v), kernel_(kernel) {}
-  std::string name() const override { return name_; }
-  std::string idea() const override { return idea_; }
-  Backend backend() const override { return kernel_ ? Backend::Cuda : Backend::Cpu; }
-  Capabilities caps() const override { return capabilities(); }
-  IoModel modelled_io(const AttentionShape& s, DType t) const override {
-    return io_model(s, t, tiling(version_, s.head_dim));
-  }
-  void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
-    if (kernel_) kernel_(version_, s, t, a);
-    else twin_forward(s, t, a, tiling(version_, s.head_dim));
-  }
-
- private:
-  std::string name_, idea_;
-  Version version_;
-  KernelFn kernel_;
-};
-
 struct VersionInfo {
   Version version;
   const char* name;
@@ -113,6 +86,33 @@ inline constexpr VersionInfo kVersions[] = {
 inline constexpr const char* kV1Name = kVersions[0].name;
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V9OneSync) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+
+// A version's kernel launcher (CUDA builds only): each version file (v1_mma.cu ... v9_one_sync.cu)
+// defines one and registers it under the version's name (launch.cuh).
+using KernelFn = void (*)(Version, const AttentionShape&, DType, const ForwardArgs&);
+
+// One version on either backend: the twin with the version's tiling (tensor_core_mma.cpp
+// registers one per version), or the version's kernel (each version file registers its own).
+template <Backend B>
+class TensorCoreRung final : public Rung {
+ public:
+  explicit TensorCoreRung(Version v, KernelFn kernel = nullptr) : version_(v), kernel_(kernel) {}
+  std::string name() const override { return info(version_).name; }
+  std::string idea() const override { return info(version_).idea; }
+  Backend backend() const override { return B; }
+  Capabilities caps() const override { return capabilities(); }
+  IoModel modelled_io(const AttentionShape& s, DType t) const override {
+    return io_model(s, t, tiling(version_, s.head_dim));
+  }
+  void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) twin_forward(s, t, a, tiling(version_, s.head_dim));
+    else kernel_(version_, s, t, a);
+  }
+
+ private:
+  Version version_;
+  KernelFn kernel_;
+};
 
 // Version v's kernel as the registry holds it (rung 07 pairs its backward with v9's forward this
 // way); throws InputError where the library was built without CUDA.

@@ -252,7 +252,7 @@ void dispatch(Version v, const AttentionShape& s, DType t, const BackwardArgs& a
 // Adds version v's kernels to the registry at program start.
 template <class Launch>
 struct RegisterKernel {
-  explicit RegisterKernel(Version v) { Registry::instance().add(std::make_unique<BackwardRung>(v, &dispatch<Launch>)); }
+  explicit RegisterKernel(Version v) { Registry::instance().add(std::make_unique<BackwardRung<Backend::Cuda>>(v, &dispatch<Launch>)); }
 };
 
 }  // namespace fl::backward::tc

@@ -153,7 +153,7 @@ void twin_backward(const AttentionShape& s, DType t, const BackwardArgs& a, int6
 // kernel is checked against a twin of the same name.
 static const struct RegisterTwins {
   RegisterTwins() {
-    for (const VersionInfo& v : kVersions) Registry::instance().add(std::make_unique<BackwardRung>(v.version));
+    for (const VersionInfo& v : kVersions) Registry::instance().add(std::make_unique<BackwardRung<Backend::Cpu>>(v.version));
   }
 } registered;
 

@@ -190,6 +190,6 @@ void gpu_backward(Version, const AttentionShape& s, DType, const BackwardArgs& a
 
 }  // namespace
 
-static const Register<BackwardRung> registered{Version::Fp32, &gpu_backward};
+static const Register<BackwardRung<Backend::Cuda>> registered{Version::Fp32, &gpu_backward};
 
 }  // namespace fl::backward

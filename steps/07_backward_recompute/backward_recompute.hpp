@@ -98,15 +98,16 @@ Version fastest_version(int64_t head_dim);
 // version file define one and register it under the version's name.
 using BackwardKernelFn = void (*)(Version, const AttentionShape&, DType, const BackwardArgs&);
 
-// One version on one backend: the twin (kernel == nullptr) or its kernels. The forward is the
-// earlier rung's (this rung's subject is the backward pass): rung 05's for fp32, rung 06
-// v9_one_sync's for 16 bits.
+// One version on either backend: the twin (backward_recompute.cpp registers one per version), or
+// the version's kernels (its file registers them). The forward is the earlier rung's (this rung's
+// subject is the backward pass): rung 05's for fp32, rung 06 v9_one_sync's for 16 bits.
+template <Backend B>
 class BackwardRung final : public Rung {
  public:
   explicit BackwardRung(Version v, BackwardKernelFn kernel = nullptr) : v_(v), kernel_(kernel) {}
   std::string name() const override { return info(v_).name; }
   std::string idea() const override { return info(v_).idea; }
-  Backend backend() const override { return kernel_ ? Backend::Cuda : Backend::Cpu; }
+  Backend backend() const override { return B; }
   Capabilities caps() const override { return capabilities(precision(v_)); }
   std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override {
     return backward::workspace_bytes(s, precision(v_));
@@ -119,8 +120,8 @@ class BackwardRung final : public Rung {
     forward_rung().forward(s, t, a);
   }
   void backward(const AttentionShape& s, DType t, const BackwardArgs& a) const override {
-    if (kernel_) kernel_(v_, s, t, a);
-    else twin_backward(s, t, a, info(v_).block_keys);
+    if constexpr (B == Backend::Cpu) twin_backward(s, t, a, info(v_).block_keys);
+    else kernel_(v_, s, t, a);
   }
 
  private:

@@ -26,6 +26,6 @@ void run_fastest(Version, const AttentionShape& s, DType t, const BackwardArgs& 
 
 }  // namespace
 
-static const Register<BackwardRung> registered{Version::Fastest, &run_fastest};
+static const Register<BackwardRung<Backend::Cuda>> registered{Version::Fastest, &run_fastest};
 
 }  // namespace fl::backward
