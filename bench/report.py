@@ -49,8 +49,25 @@ from collections import OrderedDict
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("ladder", "bench", "torch", "memory", "io")
 # Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
-BLOCK_KINDS = ("bwd_torch", "bwd_memory")
+BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
+
+# The one ratio convention of every table: speed relative to a peer, the peer's time over ours.
+RATIOS = ("Each \"x peer\" column is speed relative to that peer, its time over ours on the same "
+          "inputs in the same run: above 1 is faster than the peer, 0.50 takes twice its time.")
+
+
+def speed(peer_ms, ours_ms) -> str:
+    """Speed relative to a peer (its time over ours), e.g. '1.07'; '-' when either is missing."""
+    return "%.2f" % (peer_ms / ours_ms) if peer_ms and ours_ms else "-"
+
+
+def not_run_lines(left_out) -> list:
+    """One line per reason a kernel was not run (a dtype, head dim or mask it does not take)."""
+    if not left_out:
+        return []
+    return [""] + ["Not run on %s: %s  " % (", ".join(dict.fromkeys(shapes)), cell(why))
+                   for why, shapes in left_out.items()]
 DTYPES = ["fp32", "fp16", "bf16"]
 
 
@@ -403,6 +420,7 @@ def torch_part(rows: list[dict], rung: str) -> str:
         return ""
     notes = Notes()
     body = []
+    left_out: "OrderedDict[str, list]" = OrderedDict()  # why -> shapes
     for (shape, dtype), rs in torch_groups(rows).items():
         peers = {r["name"][len("sdpa_"):]: r["ms"] for r in rs if r.get("kind") == "sdpa" and r.get("ms")}
         for r in rs:
@@ -410,20 +428,22 @@ def torch_part(rows: list[dict], rung: str) -> str:
                 continue
             lead = [shape, dtype] + ([rung_of(r)[len(rung) + 1:]] if versioned else [])
             if r.get("ms") is None:
-                why = r.get("skip") or r.get("error") or "not measured"
-                body.append(lead + ["-", "-", "-", ("skipped" if r.get("skip") else "ERROR") + notes.ref(why)]
-                            + ["-"] * len(SDPA))
+                if r.get("skip"):  # a dtype, head dim or mask it does not take: a note, not a row
+                    left_out.setdefault(short(r["skip"], 200), []).append(shape + " " + dtype)
+                    continue
+                why = r.get("error") or "not measured"
+                body.append(lead + ["-", "-", "-", "ERROR" + notes.ref(why)] + ["-"] * len(SDPA))
                 continue
-            ratios = ["%.2fx" % (r["ms"] / peers[p]) if peers.get(p) else "-" for p, _ in SDPA]
+            ratios = [speed(peers.get(p), r["ms"]) for p, _ in SDPA]
             body.append(lead + [sig3(r["ms"]), sig3(r.get("tflops")), sci(r.get("rel_err")),
                                 ("PASS" if r.get("passed") else "FAIL")] + ratios)
-    out = ["Beside PyTorch's attention kernels %s. The ratios are this rung's time over each SDPA "
-           "backend's on the same inputs in the same run: 2.00x is twice as slow. Shapes are "
-           "B x H x N x d, c for causal." % torch_header(rows), ""]
+    out = ["Beside PyTorch's attention kernels %s. %s Shapes are B x H x N x d, c for causal." % (
+        torch_header(rows), RATIOS), ""]
     head = ["shape", "dtype"] + (["version"] if versioned else [])
-    out += table(head + ["time (ms)", "TFLOP/s", "rel err O", "check"] + ["vs " + n for _, n in SDPA],
+    out += table(head + ["time (ms)", "TFLOP/s", "rel err O", "check"] + ["x " + n for _, n in SDPA],
                  body, [False] * len(head) + [True, True, True, False] + [True] * len(SDPA))
     out += notes.lines()
+    out += not_run_lines(left_out)
     return "\n".join(out)
 
 
@@ -507,8 +527,7 @@ def backward_torch_part(rows: list[dict], rung: str) -> str:
             errs = " / ".join(sci(x.get(k)) for k in ("dq_rel_err", "dk_rel_err", "dv_rel_err"))
 
             def ratio(ph_name, peer):
-                mine_ms, theirs = ms(name, ph_name), ms("sdpa_" + peer, ph_name)
-                return "%.2fx" % (mine_ms / theirs) if mine_ms and theirs else "-"
+                return speed(ms("sdpa_" + peer, ph_name), ms(name, ph_name))
 
             check = "PASS" if all(y.get("passed") for y in (b, fb) if y is not None and y.get("ms") is not None) \
                 else "FAIL"
@@ -522,19 +541,71 @@ def backward_torch_part(rows: list[dict], rung: str) -> str:
            "random dO in the same run. bwd is the backward alone (the rung's fl_backward on the O and "
            "lse of its own forward; SDPA's autograd backward on one forward's graph), fwd+bwd a forward "
            "followed by a backward; TFLOP/s count 2.5x and 3.5x the forward's FLOPs. The errors are "
-           "the relative L2 errors of dQ / dK / dV against an fp64 autograd reference; the ratios are "
-           "times over FlashAttention-2's (SDPA flash) and cuDNN's: 2.00x is twice as slow. Shapes "
-           "are B x H x N x d, c for causal." % torch_header(rows)]
+           "the relative L2 errors of dQ / dK / dV against an fp64 autograd reference. %s Shapes "
+           "are B x H x N x d, c for causal." % (torch_header(rows), RATIOS)]
     for dtype in sorted(by_dtype, key=dtype_key):
         out += ["", "**%s**" % dtype, ""]
         out += table(["shape", "version" if versioned else "kernel", "bwd (ms)", "bwd TFLOP/s", "fwd+bwd (ms)",
-                      "fwd+bwd TFLOP/s", "rel err dQ / dK / dV", "check", "bwd vs FA2", "bwd vs cuDNN",
-                      "fwd+bwd vs FA2", "fwd+bwd vs cuDNN"], by_dtype[dtype],
+                      "fwd+bwd TFLOP/s", "rel err dQ / dK / dV", "check", "bwd x FA2", "bwd x cuDNN",
+                      "fwd+bwd x FA2", "fwd+bwd x cuDNN"], by_dtype[dtype],
                      [False, False, True, True, True, True, True, False, True, True, True, True])
     out += notes.lines()
-    if left_out:
-        out += [""] + ["Not run on %s: %s  " % (", ".join(dict.fromkeys(shapes)), cell(why))
-                       for why, shapes in left_out.items()]
+    out += not_run_lines(left_out)
+    return "\n".join(out)
+
+
+# Dense peaks by GPU and dtype (TFLOP/s, the datasheet's; shared/anchors.md): the "% of peak" column.
+PEAKS = {("H100", "bf16"): 989.0, ("H100", "fp16"): 989.0, ("H100", "fp32"): 67.0,
+         ("H200", "bf16"): 989.0, ("H200", "fp16"): 989.0, ("H200", "fp32"): 67.0}
+
+
+def peak_of(device: str, dtype: str):
+    return next((p for (gpu, t), p in PEAKS.items() if gpu in (device or "") and t == dtype), None)
+
+
+def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dtype: str = "bf16") -> str:
+    """One table up front: each version of the rung (or the rung) at one shape per head dim
+    (N = n, B·N = 16384, H = 16, not causal, the dtype given), its TFLOP/s, % of the GPU's dense
+    peak, speed relative to the version before it, to FlashAttention-2 and to cuDNN (SDPA flash
+    and cudnn), all from one run."""
+    want = {d: "%dx16x%dx%d" % (16384 // n, n, d) for d in (64, 128)}
+    cells = {}  # (name, d) -> ms, tflops
+    peers = {}  # (peer, d) -> ms
+    device = ""
+    for r in rows:
+        if r.get("kind") not in ("rung", "sdpa") or phase(r) != ph or r.get("dtype") != dtype or not r.get("ms"):
+            continue
+        d = next((d for d, sh in want.items() if r.get("shape") == sh), None)
+        if d is None:
+            continue
+        if r["kind"] == "sdpa":
+            peers[(r["name"][len("sdpa_"):], d)] = r["ms"]
+        elif in_rung(rung_of(r), rung):
+            cells[(rung_of(r), d)] = (r["ms"], r.get("tflops"))
+            device = r.get("device", device)
+    names = sorted({k[0] for k in cells}, key=kernel_key)
+    if not names:
+        return ""
+    peak = peak_of(device, dtype)
+    head = ["version"]
+    for d in (64, 128):
+        head += ["TFLOP/s d=%d" % d] + (["% of peak"] if peak else []) + ["x previous", "x FA2", "x cuDNN"]
+    body, prev = [], None
+    for name in names:
+        row = [name[len(rung) + 1:] or name]
+        for d in (64, 128):
+            ms, tf = cells.get((name, d), (None, None))
+            pms = cells.get((prev, d), (None, None))[0] if prev else None
+            row += [sig3(tf)] + (["%.0f %%" % (100 * tf / peak) if tf and peak else "-"] if peak else [])
+            row += [speed(pms, ms), speed(peers.get(("flash", d)), ms), speed(peers.get(("cudnn", d)), ms)]
+        body.append(row)
+        prev = name
+    what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[ph]
+    out = ["The %s in one run %s: %s, B x H x N = %d x 16 x %d, not causal. %s%s" % (
+        what, torch_header(rows), dtype, 16384 // n, n, RATIOS,
+        (" %% of peak is of the GPU's dense %s tensor-core peak, %.0f TFLOP/s (datasheet)." % (dtype, peak))
+        if peak else ""), ""]
+    out += table(head, body, [False] + [True] * (len(head) - 1))
     return "\n".join(out)
 
 
@@ -708,6 +779,9 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
             step, kind = rung.split("__", 1)
             if kind == "bwd_torch":
                 return {"torch": backward_torch_part(trows, step) if torch_doc is not None else None}
+            if kind in ("summary", "bwd_summary"):
+                ph = "fwd" if kind == "summary" else "bwd"
+                return {"torch": summary_part(trows, step, ph) if torch_doc is not None else None}
             figure = os.path.join(docs_dir, "figures", "backward_memory.png")
             rel = os.path.relpath(figure, os.path.dirname(page)).replace(os.sep, "/") if os.path.exists(figure) else None
             return {"memory": memory_part(trows, step, rel) if torch_doc is not None else None}
@@ -818,7 +892,7 @@ def self_test(keep: str | None = None) -> int:
         c2 = read(chapter)
         expect("2030-01-02" in c2 and "2030-01-03" in c2 and "2030-01-04" in c2, "a part is missing:\n" + c2)
         expect("out of device memory" in c2 and "| 4096 | 2.00 | 34.4 |" in c2, "bench table wrong:\n" + c2)
-        expect("| 1x16x4096x64 | fp32 | 3.00 | 22.9 | 3.0e-07 | PASS | - | - | - | 2.00x |" in c2,
+        expect("| 1x16x4096x64 | fp32 | 3.00 | 22.9 | 3.0e-07 | PASS | - | - | - | 0.50 |" in c2,
                "torch table wrong:\n" + c2)
         # ladder.json gone (or an error placeholder): its part is kept as it was.
         with open(os.path.join(res, "ladder.json"), "w") as f:
@@ -864,8 +938,8 @@ def self_test(keep: str | None = None) -> int:
             json.dump(torch_json + bwd_rows + mem_rows, f)
         run(res, docs, rm, False)
         b = read(bwd_page)
-        expect("| 1x16x4096x64 | 07_x | 4.00 | 200 | 5.00 | 210 | 2.0e-03 / 3.0e-03 / 4.0e-03 | PASS | 2.00x | "
-               "4.00x | 2.00x | 4.00x |" in b, "backward table wrong:\n" + b)
+        expect("| 1x16x4096x64 | 07_x | 4.00 | 200 | 5.00 | 210 | 2.0e-03 / 3.0e-03 / 4.0e-03 | PASS | 0.50 | "
+               "0.25 | 0.50 | 0.25 |" in b, "backward table wrong:\n" + b)
         expect("| 1x16x4096x64 | v2 | - | - | - | - | - | ERROR [" in b and "refused [" in b and "refused \\| why" in b,
                "backward errors and refusals missing:\n" + b)
         expect("--memory-sweep --json torch.json" in b, "command without --memory-sweep:\n" + b)
@@ -877,7 +951,7 @@ def self_test(keep: str | None = None) -> int:
         run(res, docs, rm, False)
         expect("](figures/backward_memory.png)" in read(bwd_page), "figure link missing")
         c3 = read(chapter)
-        expect("| 1x16x4096x64 | fp32 | 3.00 | 22.9 | 3.0e-07 | PASS | - | - | - | 2.00x |" in c3 and "07_x" not in c3
+        expect("| 1x16x4096x64 | fp32 | 3.00 | 22.9 | 3.0e-07 | PASS | - | - | - | 0.50 |" in c3 and "07_x" not in c3
                and c3.count("| 1x16x4096x64 |") == 1, "backward or memory rows reached a forward block:\n" + c3)
         with open(bwd_page, "a", encoding="utf-8") as f:
             f.write("<!-- results:07_x__nonsense:begin -->\n<!-- results:07_x__nonsense:end -->\n")
@@ -888,6 +962,14 @@ def self_test(keep: str | None = None) -> int:
             expect("unknown kind 'nonsense'" in str(e), "unknown kind message: %s" % e)
         if keep:
             shutil.copytree(tmp, keep, dirs_exist_ok=True)
+    # The summary table: versions in order, each against the one before and the peers, one shape.
+    sh = lambda d: {"shape": "4x16x4096x%d" % d, "dtype": "bf16", "phase": "fwd", "device": "NVIDIA H100 80GB HBM3"}
+    rows = [dict(sh(d), kind="rung", name="06_x/v%d_a (cuda)" % v, ms=ms, tflops=tf)
+            for d in (64, 128) for v, ms, tf in ((1, 2.0, 300.0), (2, 1.0, 600.0))]
+    rows += [dict(sh(d), kind="sdpa", name="sdpa_" + p, ms=ms) for d in (64, 128) for p, ms in (("flash", 1.5), ("cudnn", 0.8))]
+    t = summary_part(rows, "06_x")
+    expect("| v1_a | 300 | 30 % | - | 0.75 | 0.40 | 300 | 30 % | - | 0.75 | 0.40 |" in t
+           and "| v2_a | 600 | 61 % | 2.00 | 1.50 | 0.80 |" in t, "summary table wrong:\n" + t)
     if failures:
         print("report self-test FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1

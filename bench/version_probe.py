@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--v64", default="v5_wgmma,v3_kv_regs,v4_2d_tiles", help="versions at d = 64, comma-separated")
     ap.add_argument("--v128", default="v5_wgmma,v4_2d_tiles", help="versions at d = 128, comma-separated")
     ap.add_argument("--only", metavar="D,N,CAUSAL",
-                    help="one shape of the grid, e.g. 128,16384,0 (for a profiler: see docs/07, 'On Hopper')")
+                    help="one shape of the grid, e.g. 128,16384,0 (for a profiler: see docs/appendix/07_backward_recompute.md, 'On Hopper')")
     args = ap.parse_args(argv)
     grid = [(d, n, c) for d in (64, 128) for n in (1024, 4096, 16384) for c in (False, True)]
     if args.only:

@@ -236,6 +236,46 @@ void check_words(const std::string& text, const std::string& where, Problems& ou
   }
 }
 
+// The anchor GitHub gives a heading: lower case, letters, digits, '_' and '-' kept, spaces to '-',
+// punctuation and symbols dropped (those the docs use outside ASCII are listed; other non-ASCII
+// characters, letters such as 'ᵀ', are kept).
+std::string heading_anchor(const std::string& heading) {
+  static const std::set<uint32_t> dropped = {0xB7,   0xD7,   0xB1,   0x2013, 0x2014, 0x2018, 0x2019, 0x201C,
+                                             0x201D, 0x2026, 0x2192, 0x2190, 0x2248, 0x2264, 0x2265, 0x2212,
+                                             0x221A, 0x2211, 0x2218, 0x2260, 0x2261};
+  std::string out;
+  for (std::size_t i = 0; i < heading.size();) {
+    const unsigned char c = heading[i];
+    const int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    if (len == 1) {
+      if (std::isalnum(c) || c == '_' || c == '-') out += char(std::tolower(c));
+      else if (c == ' ') out += '-';
+      ++i;
+      continue;
+    }
+    uint32_t cp = c & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
+    for (int k = 1; k < len && i + k < heading.size(); ++k) cp = (cp << 6) | (heading[i + k] & 0x3F);
+    if (!dropped.count(cp)) out += heading.substr(i, len);
+    i += len;
+  }
+  return out;
+}
+
+// The anchors of a page's headings (outside fenced code blocks).
+std::set<std::string> page_anchors(const std::string& text) {
+  std::set<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  bool fenced = false;
+  while (std::getline(in, line)) {
+    if (starts_with(line, "```")) fenced = !fenced;
+    if (fenced || !starts_with(line, "#")) continue;
+    const std::size_t h = line.find_first_not_of('#');
+    if (h != std::string::npos && line[h] == ' ') out.insert(heading_anchor(line.substr(h + 1)));
+  }
+  return out;
+}
+
 // Checks one Markdown page. `name` is how messages name it; `dir` is the folder links resolve in.
 Problems check_markdown(const std::string& name, const std::string& text, const fs::path& dir) {
   Problems out;
@@ -295,10 +335,24 @@ Problems check_markdown(const std::string& name, const std::string& text, const 
     }
     for (auto it = std::sregex_iterator(prose.begin(), prose.end(), link); it != std::sregex_iterator(); ++it) {
       const std::string target = (*it)[1].str();
-      if (target.find("://") != std::string::npos || starts_with(target, "#") || starts_with(target, "mailto:"))
-        continue;
+      if (target.find("://") != std::string::npos || starts_with(target, "mailto:")) continue;
       ++out.links_checked;
-      if (std::string e = check_path(target, dir, true); !e.empty()) out.links.push_back(where + ": " + e);
+      const std::size_t hash = target.find('#');
+      const std::string file = target.substr(0, hash);
+      if (!file.empty()) {
+        if (std::string e = check_path(file, dir, true); !e.empty()) {
+          out.links.push_back(where + ": " + e);
+          continue;
+        }
+      }
+      // A link into a page names one of its headings.
+      if (hash != std::string::npos && (file.empty() || ends_with(file, ".md"))) {
+        const std::string anchor = target.substr(hash + 1);
+        const std::set<std::string> anchors = file.empty() ? page_anchors(text) : page_anchors(read_file(dir / file));
+        if (!anchors.count(anchor))
+          out.links.push_back(where + ": links to '" + target + "', but " + (file.empty() ? "this page" : file) +
+                              " has no heading with the anchor '#" + anchor + "'");
+      }
     }
   }
   return out;
@@ -592,6 +646,20 @@ TEST(DocsChecker, CatchesAMissingFileSymbolAndLink) {
   EXPECT_NE(p.symbols[1].find("no_such_kernel"), std::string::npos) << p.symbols[1];
   ASSERT_EQ(p.links.size(), 1u) << listing(p.links);
   EXPECT_NE(p.links[0].find("planted.md:5: "), std::string::npos) << p.links[0];
+}
+
+TEST(DocsChecker, CatchesABrokenAnchor) {
+  EXPECT_EQ(heading_anchor("What is left: from FlashAttention-2 to cuDNN"), "what-is-left-from-flashattention-2-to-cudnn");
+  EXPECT_EQ(heading_anchor("06 · Tensor cores"), "06--tensor-cores");
+  EXPECT_EQ(heading_anchor("Sᵀ and dPᵀ"), "sᵀ-and-dpᵀ");
+  const std::string page =
+      "# A page\n## The numbers\n"
+      "Good: [here](#the-numbers), [there](06_tensor_core_mma.md#the-idea).\n"
+      "Broken: [here](#no-such-heading), [there](06_tensor_core_mma.md#no-such-section).\n";
+  const Problems p = check_markdown("planted.md", page, kRoot / "docs");
+  ASSERT_EQ(p.links.size(), 2u) << listing(p.links);
+  EXPECT_NE(p.links[0].find("#no-such-heading"), std::string::npos) << p.links[0];
+  EXPECT_NE(p.links[1].find("#no-such-section"), std::string::npos) << p.links[1];
 }
 
 }  // namespace

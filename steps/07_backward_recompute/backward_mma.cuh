@@ -44,7 +44,7 @@ __device__ __forceinline__ void atomic_add2(float* p, float x, float y) {
 // last block and a constant true for a whole one, so that ptxas compiles the whole-block case, the
 // common one, as a run of atomics with no condition. A condition around each atomic costs the warp
 // a branch and a reconvergence and, as ptxas compiled `whole || row < nq`, the address worked out
-// again for every atomic (docs/07, "One register per address").
+// again for every atomic (docs/appendix/07_backward_recompute.md, "One register per address").
 template <class Body>
 __device__ __forceinline__ void with_row_check(bool whole, int64_t nq, Body body) {
   if (whole) body([](int64_t) { return true; });

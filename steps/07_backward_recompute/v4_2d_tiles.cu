@@ -98,7 +98,7 @@ backward_mma_2d_kernel(const T* __restrict__ q, const T* __restrict__ k, const T
     // Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ, keys key0.. × query rows sq0..: A = K_j (V_j) rows, B =
     // Q_i (dO_i) rows. One product after the other, as FlashAttention-2 does: only one product's
     // fragments are live at a time, 12 registers fewer here (it did not stop ptxas spilling the
-    // folded kernel at d = 128: docs/07, "One register per address").
+    // folded kernel at d = 128: docs/appendix/07_backward_recompute.md, "One register per address").
     float st[C::kSM][C::kSN][4] = {}, dpt[C::kSM][C::kSN][4] = {};
     auto key_by_row = [&](float (&acc)[C::kSM][C::kSN][4], uint32_t a_tile, uint32_t b_tile) {
 #pragma unroll
