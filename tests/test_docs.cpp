@@ -469,6 +469,74 @@ TEST(Docs, ResultMarkersArePaired) {
   EXPECT_TRUE(bad.empty()) << listing(bad);
 }
 
+// ---- Every chapter is a lesson in the same shape -----------------------------------------------
+//
+// docs/NN_name.md has the standard sections in order (other sections may stand between them),
+// and links to the chapter before and after it at its top and at its end.
+
+const std::vector<std::string> kStandardSections = {"The idea", "What changed since the previous rung", "The code",
+                                                    "The numbers", "Numerics", "Exercises"};
+
+// What is wrong with one chapter's shape; empty when nothing is.
+std::vector<std::string> chapter_shape_problems(const std::string& text, const std::string& prev,
+                                                const std::string& next) {
+  std::vector<std::string> out;
+  std::vector<std::string> h2, lines;
+  std::istringstream in(text);
+  std::string line;
+  bool fenced = false;
+  while (std::getline(in, line)) {
+    if (starts_with(line, "```")) fenced = !fenced;
+    if (!fenced && starts_with(line, "## ")) h2.push_back(line.substr(3));
+    if (!line.empty()) lines.push_back(line);
+  }
+  std::size_t at = 0;
+  for (const std::string& want : kStandardSections) {
+    const auto it = std::find(h2.begin() + std::min(at, h2.size()), h2.end(), want);
+    if (it == h2.end()) {
+      out.push_back("no section '## " + want + "' (or it is out of order)");
+    } else {
+      at = std::size_t(it - h2.begin()) + 1;
+    }
+  }
+  auto links_to = [](const std::string& l, const std::string& page) { return l.find("](" + page) != std::string::npos; };
+  const std::string top = lines.size() > 1 ? lines[1] : "", bottom = lines.empty() ? "" : lines.back();
+  for (const auto& [where, l] : {std::pair<std::string, std::string>{"top", top}, {"end", bottom}}) {
+    if (!prev.empty() && !(l.find("Previous") != std::string::npos && links_to(l, prev)))
+      out.push_back("no 'Previous' link to " + prev + " at its " + where);
+    if (!next.empty() && !(l.find("Next") != std::string::npos && links_to(l, next)))
+      out.push_back("no 'Next' link to " + next + " at its " + where);
+  }
+  return out;
+}
+
+TEST(Docs, EveryChapterHasTheStandardSectionsAndItsNeighbours) {
+  std::vector<std::string> chapters;
+  static const std::regex rung_dir(R"(^\d\d_[a-z0-9_]+$)");
+  for (const auto& e : fs::directory_iterator(kRoot / "docs"))
+    if (e.path().extension() == ".md" && std::regex_match(e.path().stem().string(), rung_dir))
+      chapters.push_back(e.path().filename().string());
+  std::sort(chapters.begin(), chapters.end());
+  ASSERT_FALSE(chapters.empty());
+  std::vector<std::string> problems;
+  for (std::size_t i = 0; i < chapters.size(); ++i)
+    for (const std::string& p : chapter_shape_problems(read_file(kRoot / "docs" / chapters[i]),
+                                                       i > 0 ? chapters[i - 1] : "",
+                                                       i + 1 < chapters.size() ? chapters[i + 1] : ""))
+      problems.push_back("docs/" + chapters[i] + ": " + p);
+  EXPECT_TRUE(problems.empty()) << listing(problems);
+}
+
+TEST(DocsChecker, ChapterShapeIsChecked) {
+  const std::string good =
+      "# 01\nPrevious: [00](00_a.md) · Next: [02](02_b.md)\n## The idea\n## What changed since the previous rung\n"
+      "## The code\n## Extra\n## The numbers\n## Numerics\n## Exercises\nPrevious: [00](00_a.md) · Next: [02](02_b.md)\n";
+  EXPECT_TRUE(chapter_shape_problems(good, "00_a.md", "02_b.md").empty());
+  const std::string bad = "# 01\nPrevious: [00](00_a.md)\n## The code\n## The idea\n## Numerics\n## Exercises\nbye\n";
+  const auto p = chapter_shape_problems(bad, "00_a.md", "02_b.md");
+  EXPECT_EQ(p.size(), 6u) << listing(p);  // The code after The idea, What changed, The numbers; links
+}
+
 // ---- Diffs: a chapter's promise of a one-idea diff is kept ------------------------------------
 //
 // A chapter gives each diff it asks the student to run as one line in a fenced code block,
