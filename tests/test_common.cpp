@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <tuple>
@@ -210,6 +212,23 @@ TEST(Registry, RungsAreOrderedAndFoundByNameAndBackend) {
   const auto names = Registry::instance().names();
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   EXPECT_EQ(Registry::instance().find("no_such_rung", Backend::Cpu), nullptr);
+}
+
+// Where there is no GPU the reason says so in plain words (the CUDA runtime's own text for a
+// machine without a driver is "CUDA driver version is insufficient for CUDA runtime version", which
+// sends a student to update a driver that is not there). This is the reason the ladder's header, the
+// GPU tests' skips, fl_cuda_available and --device cuda all give.
+TEST(Device, NoGpuIsSaidInPlainWords) {
+  std::string why;
+  if (gpu::available(&why)) GTEST_SKIP() << "a GPU is present";
+  EXPECT_FALSE(why.empty());
+  if (!gpu::built_with_cuda()) return;  // the CPU-only build says it has no CUDA at all
+  const bool driver_files = std::ifstream("/proc/driver/nvidia/version").good();
+  std::printf("[flash_ladder] no GPU: %s\n", why.c_str());
+  if (!driver_files) {
+    EXPECT_NE(why.find("no NVIDIA driver or GPU was found"), std::string::npos) << why;
+  }
+  EXPECT_EQ(why.find("CUDA driver version is insufficient"), std::string::npos) << why;
 }
 
 // ---- What the arithmetic allows: the condition floor ---------------------------------------------
