@@ -1,9 +1,42 @@
 #!/usr/bin/env bash
 # Quick start, step 2 of 2: builds what changed and runs the whole test suite (CPU tests always;
-# GPU tests run where a GPU is, and say why they skip where there is none).
+# GPU tests run where a GPU is, and skip where there is none: the reasons are listed after the run).
+# Configures as quickstart.sh does (again when nvcc appeared or went away since).
 # Extra arguments go to ctest, e.g.  scripts/test.sh -L 01_safe_softmax
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -f build/CMakeCache.txt ] || cmake --preset default
-cmake --build --preset default
-ctest --preset default -j "$(nproc)" "$@"
+FL_SCRIPT=test
+source scripts/setup.sh
+
+fl_configure
+fl_build
+status=0
+ctest --test-dir "$FL_BUILD_DIR" --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "$@" || status=$?
+
+# ctest prints only "Skipped" for a skipped test; the reason GTEST_SKIP gave is in its output, which
+# ctest keeps in LastTest.log. One line per reason, with how many tests and a few of their names.
+log="$FL_BUILD_DIR/Testing/Temporary/LastTest.log"
+if [ -f "$log" ]; then
+  awk '
+    /^[0-9]+\/[0-9]+ Test: / { name = $0; sub(/^[0-9]+\/[0-9]+ Test: /, "", name); want = 0; reason = ""; next }
+    / Skipped$/ { want = 1; next }
+    want == 1 { reason = $0; want = 0; next }
+    /^\[  SKIPPED \] / && name != "" && !(name in seen) {
+      seen[name] = 1
+      r = reason == "" ? "(no reason given)" : reason
+      if (!(r in count)) order[n++] = r
+      count[r]++
+      if (count[r] <= 3) names[r] = names[r] (count[r] > 1 ? ", " : "") name
+    }
+    END {
+      total = 0
+      for (i = 0; i < n; i++) total += count[order[i]]
+      if (total == 0) exit
+      printf "test: %d test%s skipped, and why:\n", total, (total > 1 ? "s" : "")
+      for (i = 0; i < n; i++) {
+        r = order[i]
+        printf "  %d skipped: %s (%s%s)\n", count[r], r, names[r], (count[r] > 3 ? ", ..." : "")
+      }
+    }' "$log"
+fi
+exit "$status"
