@@ -207,7 +207,9 @@ fl_arch_min_cuda() {
 fl_choose_cuda() {
   FL_CUDA_ARGS=()
   FL_ARCHS=""
+  # Where CMake looks too: CUDACXX, then PATH, then CUDA_PATH.
   FL_NVCC=${CUDACXX:-$(command -v nvcc 2>/dev/null || true)}
+  [ -z "$FL_NVCC" ] && [ -n "${CUDA_PATH:-}" ] && [ -x "$CUDA_PATH/bin/nvcc" ] && FL_NVCC="$CUDA_PATH/bin/nvcc"
   if [ -z "$FL_NVCC" ] || ! [ -x "$FL_NVCC" ]; then
     FL_NVCC=""
     fl_say "no CUDA compiler (nvcc) on PATH: building the CPU twins only (install the CUDA Toolkit for the GPU rungs)"

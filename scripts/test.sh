@@ -23,19 +23,34 @@ if [ -f "$log" ]; then
     want == 1 { reason = $0; want = 0; next }
     /^\[  SKIPPED \] / && name != "" && !(name in seen) {
       seen[name] = 1
-      r = reason == "" ? "(no reason given)" : reason
+      r = (reason == "" ? "(no reason given)" : reason)
       if (!(r in count)) order[n++] = r
       count[r]++
       if (count[r] <= 3) names[r] = names[r] (count[r] > 1 ? ", " : "") name
     }
+    # Reasons that end with a shorter one ("no Backend::Cuda rung 01_safe_softmax: <why>") are
+    # counted under it (<why>): one line per cause, not per rung.
     END {
       total = 0
-      for (i = 0; i < n; i++) total += count[order[i]]
+      for (i = 0; i < n; i++) {
+        r = order[i]; key = r
+        for (j = 0; j < n; j++) {
+          s = order[j]
+          if (length(s) < length(key) && substr(r, length(r) - length(s) + 1) == s) key = s
+        }
+        if (!(key in kcount)) korder[m++] = key
+        kcount[key] += count[r]
+        if (kshown[key] < 3) {
+          knames[key] = knames[key] (kshown[key] > 0 ? ", " : "") names[r]
+          kshown[key] += (count[r] < 3 ? count[r] : 3)
+        }
+        total += count[r]
+      }
       if (total == 0) exit
       printf "test: %d test%s skipped, and why:\n", total, (total > 1 ? "s" : "")
-      for (i = 0; i < n; i++) {
-        r = order[i]
-        printf "  %d skipped: %s (%s%s)\n", count[r], r, names[r], (count[r] > 3 ? ", ..." : "")
+      for (i = 0; i < m; i++) {
+        key = korder[i]
+        printf "  %d skipped: %s (%s%s)\n", kcount[key], key, knames[key], (kcount[key] > kshown[key] ? ", ..." : "")
       }
     }' "$log"
 fi
