@@ -352,6 +352,8 @@ struct Problem {
   AttentionShape shape;
   DType dtype;
   std::vector<int64_t> verify_rows;  // empty: every row
+  // Rungs whose arrays do not fit in host memory, and the message that says so (host_bytes_needed).
+  std::map<const Rung*, std::string> forward_skip, backward_skip;
   bench::Oracle oracle;              // the inputs, and the oracle computed when a rung first needs it
 
   const Inputs& inputs() { return oracle.inputs(); }
@@ -425,6 +427,7 @@ Row run_rung(const Rung& r, Problem& p, const Options& opt, const std::string& g
   row.io = r.modelled_io(p.shape, p.dtype);
   row.extra_bytes = double(r.workspace_bytes(p.shape, p.dtype));
   if (const std::string out = twin_sits_out(r, p, opt); !out.empty()) return skip(out);
+  if (const auto it = p.forward_skip.find(&r); it != p.forward_skip.end()) return skip(it->second);
 
   std::cerr << "running " << r.label() << "...\n";
   try {
@@ -516,6 +519,7 @@ BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, con
   row.extra_bytes = double(r.backward_workspace_bytes(row.shape, p.dtype));
   row.fwd_bwd_extra_bytes = double(r.workspace_bytes(row.shape, p.dtype)) + row.extra_bytes;
   if (const std::string out = twin_sits_out(r, p, opt); !out.empty()) return skip(out);
+  if (const auto it = p.backward_skip.find(&r); it != p.backward_skip.end()) return skip(it->second);
 
   std::cerr << "running the backward of " << r.label() << "...\n";
   try {
@@ -557,12 +561,15 @@ BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, con
 // allocated, in double (a product of sizes past 2^64 is still a number, and is refused like any
 // other). The problem's Q, K and V (fp32) are counted always: a run cannot hold less. The rest only
 // for the rungs that will run (a twin sitting out a large problem allocates nothing): the oracle's
-// rows and its per-head matrices, twice (the condition floor runs it again on moved inputs), and the
-// largest of what one rung's forward (its inputs and outputs in its dtype; a twin's workspace) or
-// backward (BackwardRun's arrays; the backward oracle on the checked problem) holds beside them.
+// rows and its per-head matrices, twice (the condition floor runs it again on moved inputs), and
+// what one rung's forward (its inputs and outputs in its dtype; a twin's workspace) or backward
+// (BackwardRun's arrays; the backward oracle on the checked problem) holds beside them. A rung whose
+// own arrays do not fit is skipped with the figures (as a GPU rung is when device memory is short);
+// the run is refused (exit status 2) when not even the inputs fit, or no rung that would run does.
 struct HostNeed {
   double inputs = 0;  // Q, K, V in fp32
-  double total = 0;
+  double total = 0;   // the peak of everything that will run
+  std::map<const Rung*, std::string> forward_skip, backward_skip;  // rungs whose arrays do not fit
 };
 
 double elems(double a, double b, double c, double d) { return a * b * c * d; }
@@ -577,18 +584,37 @@ HostNeed host_bytes_needed(const Problem& p, const std::vector<const Rung*>& run
   const double rows = p.verify_rows.empty() ? double(s.seq_q) : double(p.verify_rows.size());
   HostNeed need;
   need.inputs = 4 * (q + 2 * kv);
+  // The oracle's forward: its rows of O and lse (kept, and once more for the condition floor), a
+  // head's widened Q, K, V and its rows' scores while it runs, and the moved copy of the inputs.
+  const double kept = 2 * 8 * elems(s.batch, s.heads, rows, d + 1);
+  const double head = 8 * (double(s.seq_q) * d + 2 * double(s.seq_k) * d + 2 * rows * double(s.seq_k) + 2 * rows * d);
+  auto with_base = [&](double rung_peak) { return need.inputs + kept + std::max(need.inputs + head, rung_peak); };
+  const double available = double(available_host_memory());
+  auto fits = [&](double bytes) { return available <= 0 || bytes + std::min(available / 8, 1073741824.0) <= available; };
 
-  double rung_peak = 0;
-  bool any = false;
+  double peak = 0, smallest = 0;
+  bool any = false, skipped_all = true;
+  auto consider = [&](const Rung* r, double rung_peak, std::map<const Rung*, std::string>& skip) {
+    const double total = with_base(rung_peak);
+    any = true;
+    if (smallest == 0 || total < smallest) smallest = total;
+    if (fits(total)) {
+      skipped_all = false;
+      peak = std::max(peak, total);
+    } else {
+      skip[r] = "rung " + r->label() + " on " + s.str() + " " + host_memory_figures(total) +
+                "; nothing was allocated";
+    }
+  };
   for (const Rung* r : rungs) {
     if (!r->supports(s, p.dtype) || !twin_sits_out(*r, p, opt).empty()) continue;
-    any = true;
     const bool cpu = r->backend() == Backend::Cpu;
     // Forward: ForwardRun's arrays in the dtype (and a twin's workspace), the fp32 copies fetch()
     // makes, and the checked rows check_forward gathers.
-    const double fwd = e * (2 * q + 2 * kv) + 4 * lse + (cpu ? double(r->workspace_bytes(s, p.dtype)) : 0) +
-                       4 * (q + lse) + 4 * elems(s.batch, s.heads, rows, d + 1);
-    rung_peak = std::max(rung_peak, fwd);
+    consider(r,
+             e * (2 * q + 2 * kv) + 4 * lse + (cpu ? double(r->workspace_bytes(s, p.dtype)) : 0) + 4 * (q + lse) +
+                 4 * elems(s.batch, s.heads, rows, d + 1),
+             need.forward_skip);
     if (!opt.backward || !r->caps().backward) continue;
     try {
       r->check_supported(s, p.dtype, /*for_backward=*/true);
@@ -596,7 +622,8 @@ HostNeed host_bytes_needed(const Problem& p, const std::vector<const Rung*>& run
       continue;
     }
     // Backward: BackwardRun on the timed problem (Q, K, V, dO, O, dQ, dK, dV in the dtype, dO in
-    // fp32 as drawn, a twin's workspaces), then the oracle's backward on the checked problem.
+    // fp32 as drawn, a twin's workspaces), then the oracle's backward on the checked problem (and on
+    // moved inputs for the floor).
     const AttentionShape ts = backward_timed_shape(*r, s), cs = backward_checked_shape(*r, s);
     const double tq = q_of(ts), tkv = kv_of(ts);
     const double run = e * (4 * tq + 4 * tkv) + 4 * lse_of(ts) + 4 * tq +
@@ -605,16 +632,9 @@ HostNeed host_bytes_needed(const Problem& p, const std::vector<const Rung*>& run
     const double cq = q_of(cs), ckv = kv_of(cs);
     const double oracle = 4 * 3 * (cq + 2 * ckv) + 8 * 2 * (cq + 2 * ckv) + 4 * (2 * cq + lse_of(cs)) +
                           8 * 6 * double(cs.seq_q) * double(cs.seq_k) + e * 5 * (cq + ckv);
-    rung_peak = std::max(rung_peak, run + oracle);
+    consider(r, run + oracle, need.backward_skip);
   }
-  need.total = need.inputs;
-  if (any) {
-    // The oracle's forward: its rows of O and lse (kept, and once more for the condition floor), a
-    // head's widened Q, K, V and its rows' scores while it runs, and the moved copy of the inputs.
-    const double kept = 2 * 8 * elems(s.batch, s.heads, rows, d + 1);
-    const double head = 8 * (double(s.seq_q) * d + 2 * double(s.seq_k) * d + 2 * rows * double(s.seq_k) + 2 * rows * d);
-    need.total = need.inputs + kept + std::max(need.inputs + head, rung_peak);
-  }
+  need.total = !any ? need.inputs : skipped_all ? smallest : peak;
   return need;
 }
 
@@ -865,7 +885,9 @@ int ladder_main(int argc, char** argv) {
   else if (opt.verify_rows == 0 && nq > kAllRowsUpTo) p.verify_rows = sample_rows(nq, kSampledRows);
   if (int64_t(p.verify_rows.size()) == nq) p.verify_rows.clear();
   // Refused before anything is allocated when it cannot fit (exit status 2), with the figures.
-  const HostNeed need = host_bytes_needed(p, rungs, opt);
+  HostNeed need = host_bytes_needed(p, rungs, opt);
+  p.forward_skip = std::move(need.forward_skip);
+  p.backward_skip = std::move(need.backward_skip);
   require_host_memory(need.total, "this run (" + p.shape.str() + ", " + dtype_name(p.dtype) + ")",
                       "Q, K and V alone are " + describe_bytes(need.inputs) + ", and a smaller --seq, --heads or "
                       "--batch would fit");

@@ -388,9 +388,9 @@ fl_status fl_forward(const char* rung, const fl_shape* shape, fl_dtype dtype, co
     a.workspace = workspace;
     a.stream = cuda_stream;
     r.check(s, t, a);
-    require_gpu("fl_forward_host");
     require_workspace(r, s, t, r.workspace_bytes(s, t), workspace, workspace_bytes,
                       "fl_forward_workspace_bytes");
+    require_gpu("fl_forward_host");
     for (auto [p, what] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"},
                            {o, "o"}, {lse, "lse"}, {workspace, "workspace"}})
       require_device_pointer(p, what, r);
@@ -455,9 +455,9 @@ fl_status fl_backward(const char* rung, const fl_shape* shape, fl_dtype dtype, c
     const fl::BackwardArgs a =
         backward_args(q, k, v, o, lse, dout, dq, dk, dv, workspace, cuda_stream);
     r.check(s, t, a);
-    require_gpu("fl_backward_host");
     require_workspace(r, s, t, r.backward_workspace_bytes(s, t), workspace, workspace_bytes,
                       "fl_backward_workspace_bytes");
+    require_gpu("fl_backward_host");
     for (auto [p, what] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"},
                            {o, "o"}, {lse, "lse"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"},
                            {dv, "dv"}, {workspace, "workspace"}})

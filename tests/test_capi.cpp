@@ -310,9 +310,11 @@ TEST(CApi, DeviceEntryPointNamesWhatIsMissing) {
   const std::string why = fl_last_error();
   EXPECT_FALSE(why.empty()) << "fl_cuda_available returned 0 without saying why";
   HostProblem p(c_shape(1, 1, 1, 4, 4, 16, false), 1);
+  // Every argument valid (a workspace given: arguments are checked before the GPU is looked for).
+  std::vector<unsigned char> ws(1 << 20);
   const fl_status st = fl_forward("00_naive_eigen", &p.shape, FL_FP32, p.in.q.data(),
-                                  p.in.k.data(), p.in.v.data(), p.o.data(), p.lse.data(), nullptr,
-                                  0, nullptr);
+                                  p.in.k.data(), p.in.v.data(), p.o.data(), p.lse.data(), ws.data(),
+                                  ws.size(), nullptr);
   EXPECT_TRUE(st == FL_ERR_NOT_FOUND || st == FL_ERR_CUDA) << fl_status_name(st);
   EXPECT_GT(std::strlen(fl_last_error()), 0u);
   EXPECT_TRUE(p.untouched());
@@ -343,9 +345,10 @@ TEST(CApi, DeviceBackwardNamesTheHostBackward) {
   if (fl_cuda_available()) GTEST_SKIP() << "a GPU is present; the GPU tests cover the device path";
   HostProblem p(c_shape(1, 1, 1, 4, 4, 16, false), 1);
   std::vector<float> dout(p.in.q), g(64, kNaN);
+  std::vector<unsigned char> ws(1 << 20);  // every argument valid: the GPU is what is missing
   const fl_status st = fl_backward("07_backward_recompute", &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
                                    p.in.v.data(), p.o.data(), p.lse.data(), dout.data(), g.data(), g.data(),
-                                   g.data(), nullptr, 0, nullptr);
+                                   g.data(), ws.data(), ws.size(), nullptr);
   EXPECT_TRUE(st == FL_ERR_NOT_FOUND || st == FL_ERR_CUDA) << fl_status_name(st);
   const std::string why = fl_last_error();
   EXPECT_NE(why.find("fl_backward_host"), std::string::npos) << why;
