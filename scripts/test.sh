@@ -11,7 +11,10 @@ source scripts/setup.sh
 fl_configure
 fl_build
 status=0
-ctest --test-dir "$FL_BUILD_DIR" --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "$@" || status=$?
+ctest_out=$(mktemp "${TMPDIR:-/tmp}/flash_ladder_ctest.XXXXXX")
+trap 'rm -f "$ctest_out"' EXIT
+ctest --test-dir "$FL_BUILD_DIR" --output-on-failure -j "$(nproc 2>/dev/null || echo 2)" "$@" | tee "$ctest_out" ||
+  status=$?
 
 # ctest prints only "Skipped" for a skipped test; the reason GTEST_SKIP gave is in its output, which
 # ctest keeps in LastTest.log. One line per reason, with how many tests and a few of their names.
@@ -53,5 +56,11 @@ if [ -f "$log" ]; then
         printf "  %d skipped: %s (%s%s)\n", kcount[key], key, knames[key], (kcount[key] > kshown[key] ? ", ..." : "")
       }
     }' "$log"
+fi
+# The closing line, with the skipped tests counted apart (ctest counts them as passed).
+read -r failed total < <(sed -n 's/.* tests passed, \([0-9]*\) tests\{0,1\} failed out of \([0-9]*\).*/\1 \2/p' "$ctest_out" | tail -n1)
+if [ -n "${total:-}" ]; then
+  skipped=$(grep -c '(Skipped)$' "$ctest_out" || true)
+  echo "test: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
 fi
 exit "$status"

@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 basic="$work/basic"
 mkdir -p "$basic"
 for t in bash sh sed grep sort head tail tr wc mktemp rm cat readlink dirname basename nproc env mkdir \
-         touch ls cp awk chmod cut uname; do
+         touch ls cp awk chmod cut uname tee; do
   p=$(command -v "$t") && ln -s "$p" "$basic/$t"
 done
 
@@ -247,6 +247,7 @@ check "configures again" has "nvcc appeared since the last configure"
 check "runs ctest" logged "ctest"
 check "lists the skipped test with its reason" \
   has "1 skipped: no NVIDIA driver or GPU was found: no NVIDIA driver is installed (cudaErrorInsufficientDriver) (Gpu.Kernel)"
+check "ends on a closing line that counts skips apart" has "test: 1 passed, 0 failed, 1 skipped"
 finish
 
 echo "$passed passed, $failed failed"
