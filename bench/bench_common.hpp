@@ -170,40 +170,72 @@ inline bool same_problem(const AttentionShape& a, const AttentionShape& b) {
 }
 
 // One problem's inputs and its fp64 oracle, each part computed the first time a rung needs it (if
-// every rung is skipped, never). Forward: O and lse on `rows` of every head (all rows when empty).
+// every rung is skipped, never: not even the inputs, which for a long sequence take seconds to draw
+// and gigabytes to hold). Forward: O and lse on `rows` of every head (all rows when empty).
 // Backward: dQ, dK, dV on a problem the caller picks (the problem itself, or a smaller one from
 // backward_check_shape), with inputs made from the same seed and kind when it is a smaller problem,
-// O and lse from the oracle's forward, and dO drawn with `dout_seed`; kept per problem.
+// O and lse from the oracle's forward, and dO drawn with `dout_seed`; kept per problem. Each check
+// also gets its condition floor: the oracle again on inputs changed by the dtype's tolerance
+// (harness.hpp, "What the arithmetic allows").
 class Oracle {
  public:
   Oracle() = default;
   Oracle(const AttentionShape& s, DType t, Inputs in, std::vector<int64_t> rows, uint64_t dout_seed)
-      : shape_(s), dtype_(t), inputs_(std::move(in)), rows_(std::move(rows)), dout_seed_(dout_seed) {}
+      : shape_(s), dtype_(t), seed_(in.seed), kind_(in.kind), inputs_(std::make_unique<Inputs>(std::move(in))),
+        rows_(std::move(rows)), dout_seed_(dout_seed) {}
+  // Inputs drawn with `seed` and `kind` when first asked for.
+  Oracle(const AttentionShape& s, DType t, uint64_t seed, InputKind kind, std::vector<int64_t> rows,
+         uint64_t dout_seed)
+      : shape_(s), dtype_(t), seed_(seed), kind_(kind), rows_(std::move(rows)), dout_seed_(dout_seed) {}
 
   // Told before each part is computed, for a progress line (the ladder prints it to stderr).
   std::function<void(const std::string&)> on_compute;
 
   const AttentionShape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
-  const Inputs& inputs() const { return inputs_; }
+  uint64_t seed() const { return seed_; }
+  InputKind kind() const { return kind_; }
+  const Inputs& inputs() {
+    if (!inputs_) {
+      tell("drawing the inputs (" + shape_.str() + ")");
+      inputs_ = std::make_unique<Inputs>(make_inputs(shape_, dtype_, seed_, kind_));
+    }
+    return *inputs_;
+  }
+  bool has_inputs() const { return inputs_ != nullptr; }
   const std::vector<int64_t>& rows() const { return rows_; }
   uint64_t dout_seed() const { return dout_seed_; }
 
   const ReferenceForward& forward() {
     if (!fwd_) {
+      const Inputs& in = inputs();
       tell("computing the fp64 oracle's forward on " +
            std::to_string(rows_.empty() ? shape_.seq_q : int64_t(rows_.size())) + " rows of each head");
       fwd_ = std::make_unique<ReferenceForward>(
-          reference_forward(shape_, inputs_.q.data(), inputs_.k.data(), inputs_.v.data(), rows_));
+          reference_forward(shape_, in.q.data(), in.k.data(), in.v.data(), rows_));
     }
     return *fwd_;
+  }
+  // The forward's condition floor: the oracle on the same rows of inputs changed by the tolerance.
+  const ReferenceForward& forward_moved() {
+    if (!fwd_moved_) {
+      const Inputs& in = inputs();
+      tell("computing the fp64 oracle's forward on inputs changed by the tolerance (what the arithmetic allows)");
+      const Inputs m = perturbed_inputs(in, tolerance(dtype_), perturbation_seed(in.seed));
+      fwd_moved_ = std::make_unique<ReferenceForward>(
+          reference_forward(shape_, m.q.data(), m.k.data(), m.v.data(), rows_));
+    }
+    return *fwd_moved_;
+  }
+  ForwardCheck check_forward_of(const ForwardOutputs& out) {
+    return check_forward(shape_, dtype_, out, forward(), 0, &forward_moved());
   }
 
   // Q, K, V of problem `s`: the problem's own, or fresh ones of a smaller problem.
   const Inputs& backward_qkv(const AttentionShape& s) {
-    if (same_problem(s, shape_)) return inputs_;
+    if (same_problem(s, shape_)) return inputs();
     Case& c = backward_case(s);
-    if (!c.qkv) c.qkv = std::make_unique<Inputs>(make_inputs(s, dtype_, inputs_.seed, inputs_.kind));
+    if (!c.qkv) c.qkv = std::make_unique<Inputs>(make_inputs(s, dtype_, seed_, kind_));
     return *c.qkv;
   }
   const BackwardInputs& backward_inputs(const AttentionShape& s) {
@@ -226,12 +258,25 @@ class Oracle {
     }
     return *c.ref;
   }
+  // The backward's condition floor: the oracle's backward on Q, K, V, dO changed by the tolerance.
+  const ReferenceBackward& backward_moved(const AttentionShape& s) {
+    const BackwardInputs& b = backward_inputs(s);
+    const Inputs& in = backward_qkv(s);
+    Case& c = backward_case(s);
+    if (!c.moved) {
+      tell("computing the fp64 oracle's backward on inputs changed by the tolerance (what the arithmetic allows)");
+      c.moved = std::make_unique<ReferenceBackward>(reference_backward_moved(s, dtype_, in, b));
+    }
+    return *c.moved;
+  }
 
   // One backward of rung `r` on problem `s`, gradients poisoned first, checked against the oracle;
   // `io` counts a twin's traffic. Throws gpu::OutOfMemory when it does not fit.
   BackwardCheck check_backward_of(const Rung& r, const AttentionShape& s, IoCounter* io = nullptr) {
     const ReferenceBackward& ref = backward(s);
-    return check_backward(dtype_, run_backward(r, s, dtype_, backward_qkv(s), backward_inputs(s), io), ref);
+    const ReferenceBackward& moved = backward_moved(s);
+    return check_backward(dtype_, run_backward(r, s, dtype_, backward_qkv(s), backward_inputs(s), io), ref, 0,
+                          &moved);
   }
 
  private:
@@ -239,7 +284,7 @@ class Oracle {
     AttentionShape shape;
     std::unique_ptr<Inputs> qkv;  // only for a problem other than shape_
     std::unique_ptr<BackwardInputs> in;
-    std::unique_ptr<ReferenceBackward> ref;
+    std::unique_ptr<ReferenceBackward> ref, moved;
   };
   Case& backward_case(const AttentionShape& s) {
     for (auto& c : cases_)
@@ -254,10 +299,12 @@ class Oracle {
 
   AttentionShape shape_;
   DType dtype_ = DType::F32;
-  Inputs inputs_;
+  uint64_t seed_ = 0;
+  InputKind kind_ = InputKind::Normal;
+  std::unique_ptr<Inputs> inputs_;
   std::vector<int64_t> rows_;
   uint64_t dout_seed_ = 0;
-  std::unique_ptr<ReferenceForward> fwd_;
+  std::unique_ptr<ReferenceForward> fwd_, fwd_moved_;
   std::vector<std::unique_ptr<Case>> cases_;
 };
 

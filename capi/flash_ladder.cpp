@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "device.hpp"
+#include "host_memory.hpp"
 #include "problem.hpp"
 #include "rung.hpp"
 
@@ -65,6 +66,8 @@ fl_status guarded(const char* fn, F&& body) {
   } catch (const NotFound& e) {
     return fail(FL_ERR_NOT_FOUND, fn, e.what());
   } catch (const fl::gpu::OutOfMemory& e) {
+    return fail(FL_ERR_OUT_OF_MEMORY, fn, e.what());
+  } catch (const fl::HostOutOfMemory& e) {
     return fail(FL_ERR_OUT_OF_MEMORY, fn, e.what());
   } catch (const std::bad_alloc&) {
     return fail(FL_ERR_OUT_OF_MEMORY, fn, "out of host memory");
@@ -123,7 +126,9 @@ fl::AttentionShape to_shape(const fl_shape* c) {
   return s;
 }
 
-const fl::Rung& find_rung(const char* name, Backend b) {
+// `host_fn`: for a GPU rung, the entry point that runs its CPU twin instead (named when this build
+// has no GPU rungs).
+const fl::Rung& find_rung(const char* name, Backend b, const char* host_fn = "fl_forward_host") {
   if (!name) throw fl::InputError("rung name is NULL");
   if (const fl::Rung* r = fl::Registry::instance().find(name, b)) return *r;
   std::string have;
@@ -132,8 +137,8 @@ const fl::Rung& find_rung(const char* name, Backend b) {
   std::string msg = std::string("no rung '") + name + "' on backend " + fl::backend_name(b) +
                     " in this build";
   if (b == Backend::Cuda && !fl::gpu::built_with_cuda())
-    msg += " (it was configured without CUDA, so it has no GPU rungs; fl_forward_host runs the "
-           "CPU twins)";
+    msg += std::string(" (it was configured without CUDA, so it has no GPU rungs; ") + host_fn +
+           " runs the CPU twins)";
   else
     msg += "; it has: " + (have.empty() ? std::string("none") : have);
   throw NotFound(msg);
@@ -156,10 +161,28 @@ bool gpu_available(std::string* why) {
   return answer.first;
 }
 
-void require_gpu() {
+// `host_fn` is the entry point that runs the same rung's CPU twin on host memory.
+void require_gpu(const char* host_fn) {
   std::string why;
   if (!gpu_available(&why))
-    throw NoGpu("no GPU to run on: " + why + "; fl_forward_host runs the CPU twin instead");
+    throw NoGpu("no GPU to run on: " + why + "; " + host_fn + " runs the CPU twin instead");
+}
+
+// A CPU twin's workspace, refused before it is allocated when host memory cannot hold it, and a
+// std::bad_alloc inside the twin said with the figures (FL_ERR_OUT_OF_MEMORY either way).
+std::string twin_memory_what(const fl::Rung& r, const fl::AttentionShape& s, std::size_t workspace) {
+  const std::string what = r.caps().workspace_what;
+  return "rung " + r.label() + " on " + s.str() + " (its workspace" + (what.empty() ? "" : ", " + what) +
+         ", is " + fl::describe_bytes(double(workspace)) + ")";
+}
+template <class F>
+void run_twin(const fl::Rung& r, const fl::AttentionShape& s, std::size_t workspace, F&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    throw fl::HostOutOfMemory(twin_memory_what(r, s, workspace) + " ran out of host memory: this machine has " +
+                              fl::describe_bytes(double(fl::available_host_memory())) + " available");
+  }
 }
 
 // The most common mistake from Python or C: a host array handed to the kernel entry point. The
@@ -356,10 +379,10 @@ fl_status fl_forward(const char* rung, const fl_shape* shape, fl_dtype dtype, co
                      const void* k, const void* v, void* o, float* lse, void* workspace,
                      size_t workspace_bytes, void* cuda_stream) {
   return guarded("fl_forward", [&] {
-    const fl::Rung& r = find_rung(rung, Backend::Cuda);
-    require_gpu();  // said first: without a GPU, nothing else about the call matters
+    // The arguments first: a bad shape is FL_ERR_INVALID on every machine, GPU or not.
     const fl::AttentionShape s = to_shape(shape);
     const DType t = to_dtype(dtype);
+    const fl::Rung& r = find_rung(rung, Backend::Cuda);
     fl::ForwardArgs a;
     a.q = q, a.k = k, a.v = v, a.o = o, a.lse = lse;
     a.workspace = workspace;
@@ -367,6 +390,7 @@ fl_status fl_forward(const char* rung, const fl_shape* shape, fl_dtype dtype, co
     r.check(s, t, a);
     require_workspace(r, s, t, r.workspace_bytes(s, t), workspace, workspace_bytes,
                       "fl_forward_workspace_bytes");
+    require_gpu("fl_forward_host");
     for (auto [p, what] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"},
                            {o, "o"}, {lse, "lse"}, {workspace, "workspace"}})
       require_device_pointer(p, what, r);
@@ -378,9 +402,9 @@ fl_status fl_forward_host(const char* rung, const fl_shape* shape, fl_dtype dtyp
                           const void* k, const void* v, void* o, float* lse, void* workspace,
                           size_t workspace_bytes, fl_io* io) {
   return guarded("fl_forward_host", [&] {
-    const fl::Rung& r = find_rung(rung, Backend::Cpu);
     const fl::AttentionShape s = to_shape(shape);
     const DType t = to_dtype(dtype);
+    const fl::Rung& r = find_rung(rung, Backend::Cpu);
     const std::size_t need = r.workspace_bytes(s, t);
     HostWorkspace own;
     fl::IoCounter counted;
@@ -393,8 +417,11 @@ fl_status fl_forward_host(const char* rung, const fl_shape* shape, fl_dtype dtyp
     r.check(s, t, a);
     if (workspace)
       require_workspace(r, s, t, need, workspace, workspace_bytes, "fl_forward_workspace_bytes");
-    a.workspace = own.get(workspace, need);
-    r.forward(s, t, a);
+    if (!workspace) fl::require_host_memory(double(need), twin_memory_what(r, s, need));
+    run_twin(r, s, need, [&] {
+      a.workspace = own.get(workspace, need);
+      r.forward(s, t, a);
+    });
     const fl::IoModel model = r.modelled_io(s, t);
     report_io(io, counted, &model);
   });
@@ -421,15 +448,16 @@ fl_status fl_backward(const char* rung, const fl_shape* shape, fl_dtype dtype, c
                       const void* dout, void* dq, void* dk, void* dv, void* workspace,
                       size_t workspace_bytes, void* cuda_stream) {
   return guarded("fl_backward", [&] {
-    const fl::Rung& r = find_rung(rung, Backend::Cuda);
-    require_gpu();  // said first: without a GPU, nothing else about the call matters
+    // The arguments first: a bad shape is FL_ERR_INVALID on every machine, GPU or not.
     const fl::AttentionShape s = to_shape(shape);
     const DType t = to_dtype(dtype);
+    const fl::Rung& r = find_rung(rung, Backend::Cuda, "fl_backward_host");
     const fl::BackwardArgs a =
         backward_args(q, k, v, o, lse, dout, dq, dk, dv, workspace, cuda_stream);
     r.check(s, t, a);
     require_workspace(r, s, t, r.backward_workspace_bytes(s, t), workspace, workspace_bytes,
                       "fl_backward_workspace_bytes");
+    require_gpu("fl_backward_host");
     for (auto [p, what] : {std::pair<const void*, const char*>{q, "q"}, {k, "k"}, {v, "v"},
                            {o, "o"}, {lse, "lse"}, {dout, "dout"}, {dq, "dq"}, {dk, "dk"},
                            {dv, "dv"}, {workspace, "workspace"}})
@@ -443,9 +471,9 @@ fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dtype dty
                            const void* dout, void* dq, void* dk, void* dv, void* workspace,
                            size_t workspace_bytes, fl_io* io) {
   return guarded("fl_backward_host", [&] {
-    const fl::Rung& r = find_rung(rung, Backend::Cpu);
     const fl::AttentionShape s = to_shape(shape);
     const DType t = to_dtype(dtype);
+    const fl::Rung& r = find_rung(rung, Backend::Cpu);
     const std::size_t need = r.backward_workspace_bytes(s, t);
     HostWorkspace own;
     fl::IoCounter counted;
@@ -455,8 +483,11 @@ fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dtype dty
     r.check(s, t, a);
     if (workspace)
       require_workspace(r, s, t, need, workspace, workspace_bytes, "fl_backward_workspace_bytes");
-    a.workspace = own.get(workspace, need);
-    r.backward(s, t, a);
+    if (!workspace) fl::require_host_memory(double(need), twin_memory_what(r, s, need));
+    run_twin(r, s, need, [&] {
+      a.workspace = own.get(workspace, need);
+      r.backward(s, t, a);
+    });
     const fl::IoModel model = r.modelled_backward_io(s, t);  // NaN where the rung has no closed form
     report_io(io, counted, &model);
   });

@@ -23,6 +23,8 @@ ErrorStats compare(const float* out, const double* ref, int64_t n) {
     den += r * r;
   }
   e.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  e.l2 = std::sqrt(num);
+  e.ref_l2 = std::sqrt(den);
   return e;
 }
 

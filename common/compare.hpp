@@ -16,6 +16,8 @@ struct ErrorStats {
   int64_t first_bad = -1;   // index of the first bad element
   double max_abs = 0;       // over elements where both are finite
   double rel_l2 = 0;        // ‖out − ref‖₂ / ‖ref‖₂ over those elements (plain L2 if ‖ref‖ = 0)
+  double l2 = 0;            // ‖out − ref‖₂ over those elements
+  double ref_l2 = 0;        // ‖ref‖₂ over those elements
   std::string str() const;  // "rel_l2=1.2e-07 max_abs=3.0e-07" or "...; 12 bad (first at 5)"
 };
 

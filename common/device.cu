@@ -12,13 +12,34 @@ namespace fl::gpu {
 
 bool built_with_cuda() { return true; }
 
+namespace {
+// Why cudaGetDeviceCount found nothing, in the words a student can act on. With no NVIDIA driver
+// installed at all the runtime reports cudaErrorInsufficientDriver ("CUDA driver version is
+// insufficient for CUDA runtime version"), which reads as "update your driver" on a machine that
+// has neither driver nor GPU; cudaDriverGetVersion tells the two apart (0: no driver).
+std::string no_device_reason(cudaError_t e) {
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);
+  cudaRuntimeGetVersion(&runtime);
+  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  const std::string code = std::string(" (") + cudaGetErrorName(e) + ")";
+  if (e == cudaSuccess) return "no NVIDIA driver or GPU was found: the driver is installed but sees no GPU";
+  if (e == cudaErrorNoDevice)
+    return "no NVIDIA driver or GPU was found: the driver is installed but sees no GPU" + code;
+  if (e == cudaErrorInsufficientDriver && driver == 0)
+    return "no NVIDIA driver or GPU was found: no NVIDIA driver is installed" + code;
+  if (e == cudaErrorInsufficientDriver)
+    return "the NVIDIA driver supports CUDA " + version(driver) + ", older than this build's CUDA runtime " +
+           version(runtime) + "; update the driver" + code;
+  return std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")" + code;
+}
+}  // namespace
+
 bool available(std::string* why) {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
-    if (why)
-      *why = e != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")"
-                              : std::string("no CUDA device on this machine");
+    if (why) *why = no_device_reason(e);
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return false;
   }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
@@ -198,12 +199,66 @@ double ForwardRun::time_ms(int warmup, int reps) {
 std::size_t ForwardRun::extra_bytes() const { return impl_->rung.workspace_bytes(impl_->shape, impl_->dtype); }
 
 // ---------------------------------------------------------------------------------------------
-std::string ForwardCheck::str() const {
-  return std::string(pass ? "PASS" : "FAIL") + " O: " + o.str() + " | lse: " + lse.str();
+namespace {
+// ‖a − b‖₂ over the elements where both are finite (an empty row's −∞ lse matches itself).
+double l2_distance(const std::vector<double>& a, const std::vector<double>& b) {
+  double sum = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    if (std::isfinite(a[i]) && std::isfinite(b[i])) sum += (a[i] - b[i]) * (a[i] - b[i]);
+  return std::sqrt(sum);
+}
+double max_distance(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    if (std::isfinite(a[i]) && std::isfinite(b[i])) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+// Within the tolerance relative to the answer, or within the condition floor.
+bool within(const ErrorStats& e, double tol, double floor) {
+  return e.bad == 0 && (e.l2 <= tol * e.ref_l2 || e.l2 <= floor);
+}
+bool on_floor(const ErrorStats& e, double tol, double floor) {
+  return e.bad == 0 && !(e.l2 <= tol * e.ref_l2) && e.l2 <= floor;
+}
+// " (L2 error 1.1e-06, within the 3.4e-04 that changing every input by 1e-05 moves the exact dQ)"
+std::string floor_note(const char* what, const ErrorStats& e, double tol, double floor) {
+  if (floor <= 0 || e.bad > 0 || e.l2 <= tol * e.ref_l2) return "";
+  char buf[200];
+  std::snprintf(buf, sizeof buf, " (L2 error %.2e %s the %.2e that changing every input by %.0e moves the exact %s)",
+                e.l2, e.l2 <= floor ? "within" : "past", floor, tol, what);
+  return buf;
+}
+}  // namespace
+
+uint64_t perturbation_seed(uint64_t seed) { return seed ^ 0x9e3779b97f4a7c15ull; }
+
+std::vector<float> perturbed(const std::vector<float>& x, double eta, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-eta, eta);
+  std::vector<float> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = float(double(x[i]) * (1 + u(rng)));
+  return out;
 }
 
+Inputs perturbed_inputs(const Inputs& in, double eta, uint64_t seed) {
+  Inputs out;
+  out.seed = in.seed;
+  out.kind = in.kind;
+  out.q = perturbed(in.q, eta, seed);
+  out.k = perturbed(in.k, eta, seed + 1);
+  out.v = perturbed(in.v, eta, seed + 2);
+  return out;
+}
+
+std::string ForwardCheck::str() const {
+  return std::string(pass ? "PASS" : "FAIL") + " O: " + o.str() + floor_note("O", o, tolerance, o_floor) +
+         " | lse: " + lse.str();
+}
+
+bool ForwardCheck::passed_on_floor() const { return pass && on_floor(o, tolerance, o_floor); }
+
 ForwardCheck check_forward(const AttentionShape& s, DType t, const ForwardOutputs& out,
-                           const ReferenceForward& ref, double tol) {
+                           const ReferenceForward& ref, double tol, const ReferenceForward* moved) {
   const int64_t R = int64_t(ref.rows.size()), d = s.head_dim;
   std::vector<float> o_rows, lse_rows;
   o_rows.reserve(s.batch * s.heads * R * d);
@@ -217,15 +272,19 @@ ForwardCheck check_forward(const AttentionShape& s, DType t, const ForwardOutput
   ForwardCheck c;
   c.o = compare(o_rows.data(), ref.o.data(), int64_t(o_rows.size()));
   c.lse = compare(lse_rows.data(), ref.lse.data(), int64_t(lse_rows.size()));
-  const double limit = tol > 0 ? tol : tolerance(t);
+  c.tolerance = tol > 0 ? tol : tolerance(t);
+  if (moved) {
+    c.o_floor = l2_distance(moved->o, ref.o);
+    c.lse_floor = max_distance(moved->lse, ref.lse);
+  }
   // lse is a log, of size up to the largest logit: hold it to the same relative accuracy,
   // measured against its largest finite magnitude (an absolute error of 1e-5 on lse = 120 is
   // as good as fp32 can do).
   double lse_scale = 1;
   for (double x : ref.lse)
     if (std::isfinite(x)) lse_scale = std::max(lse_scale, std::abs(x));
-  c.pass = c.o.bad == 0 && c.lse.bad == 0 && c.o.rel_l2 <= limit &&
-           c.lse.max_abs <= 10 * limit * lse_scale;
+  c.pass = within(c.o, c.tolerance, c.o_floor) && c.lse.bad == 0 &&
+           c.lse.max_abs <= std::max(10 * c.tolerance * lse_scale, c.lse_floor);
   return c;
 }
 
@@ -284,18 +343,41 @@ BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, co
 }
 
 std::string BackwardCheck::str() const {
-  return std::string(pass ? "PASS" : "FAIL") + " dQ: " + dq.str() + " | dK: " + dk.str() + " | dV: " + dv.str();
+  return std::string(pass ? "PASS" : "FAIL") + " dQ: " + dq.str() + floor_note("dQ", dq, tolerance, dq_floor) +
+         " | dK: " + dk.str() + floor_note("dK", dk, tolerance, dk_floor) + " | dV: " + dv.str() +
+         floor_note("dV", dv, tolerance, dv_floor);
 }
 
-BackwardCheck check_backward(DType t, const BackwardOutputs& out, const ReferenceBackward& ref, double tol) {
+bool BackwardCheck::passed_on_floor() const {
+  return pass && (on_floor(dq, tolerance, dq_floor) || on_floor(dk, tolerance, dk_floor) ||
+                  on_floor(dv, tolerance, dv_floor));
+}
+
+BackwardCheck check_backward(DType t, const BackwardOutputs& out, const ReferenceBackward& ref, double tol,
+                             const ReferenceBackward* moved) {
   BackwardCheck c;
   c.dq = compare(out.dq.data(), ref.dq.data(), int64_t(out.dq.size()));
   c.dk = compare(out.dk.data(), ref.dk.data(), int64_t(out.dk.size()));
   c.dv = compare(out.dv.data(), ref.dv.data(), int64_t(out.dv.size()));
-  const double limit = tol > 0 ? tol : tolerance(t);
-  c.pass = true;
-  for (const ErrorStats* e : {&c.dq, &c.dk, &c.dv}) c.pass = c.pass && e->bad == 0 && e->rel_l2 <= limit;
+  c.tolerance = tol > 0 ? tol : tolerance(t);
+  if (moved) {
+    c.dq_floor = l2_distance(moved->dq, ref.dq);
+    c.dk_floor = l2_distance(moved->dk, ref.dk);
+    c.dv_floor = l2_distance(moved->dv, ref.dv);
+  }
+  c.pass = within(c.dq, c.tolerance, c.dq_floor) && within(c.dk, c.tolerance, c.dk_floor) &&
+           within(c.dv, c.tolerance, c.dv_floor);
   return c;
+}
+
+ReferenceBackward reference_backward_moved(const AttentionShape& s, DType t, const Inputs& in,
+                                           const BackwardInputs& bin) {
+  const double eta = tolerance(t);
+  const uint64_t seed = perturbation_seed(in.seed);
+  const Inputs m = perturbed_inputs(in, eta, seed);
+  const std::vector<float> o = perturbed(bin.o, eta, seed + 3), dout = perturbed(bin.dout, eta, seed + 4),
+                           lse = perturbed(bin.lse, tolerance(DType::F32), seed + 5);
+  return reference_backward_given(s, m.q.data(), m.k.data(), m.v.data(), o.data(), lse.data(), dout.data());
 }
 
 }  // namespace fl

@@ -62,15 +62,38 @@ class ForwardRun {
   std::unique_ptr<Impl> impl_;
 };
 
+// ---- What the arithmetic allows -------------------------------------------------------------
+// A relative L2 error means nothing where the exact answer is ~0 (rung 07's dQ on a head whose keys
+// are all equal: Σ_j dS_ij = 0 times one key), and no rung can beat the problem's own condition
+// (logits of 120, or a scale of 1000, turn the last bits of Q·Kᵀ into visible changes of P). So a
+// check may also hold a rung to how far the exact (fp64) answer moves when every input is changed
+// by a relative amount of at most the dtype's tolerance: the rung passes when its L2 error is
+// within the tolerance relative to the answer, OR within that move (the "condition floor"). On a
+// well-conditioned problem the move is about the tolerance itself, so nothing is loosened there;
+// a real bug (a wrong index, a missing scale, an unwritten element) is far past both.
+
+// `in` with every element of Q, K, V multiplied by (1 + δ), δ uniform in [−eta, eta], from `seed`.
+Inputs perturbed_inputs(const Inputs& in, double eta, uint64_t seed);
+std::vector<float> perturbed(const std::vector<float>& x, double eta, uint64_t seed);
+// The seed perturbed_inputs is given for inputs drawn with `seed` (a fixed function of it).
+uint64_t perturbation_seed(uint64_t seed);
+
 struct ForwardCheck {
   ErrorStats o, lse;
+  double o_floor = 0;    // ‖O(moved inputs) − O‖₂ (0: no condition floor was given)
+  double lse_floor = 0;  // max |lse(moved inputs) − lse|
+  double tolerance = 0;  // the relative L2 tolerance it was held to
   bool pass = false;
   std::string str() const;
+  bool passed_on_floor() const;  // passes only because of the condition floor
 };
 
 // Compares the rows `ref` holds against the fp64 oracle. `tol` overrides the dtype's tolerance.
+// `moved`, when given, is the oracle on the same rows of inputs changed by the tolerance
+// (perturbed_inputs): the condition floor above.
 ForwardCheck check_forward(const AttentionShape& s, DType t, const ForwardOutputs& out,
-                           const ReferenceForward& ref, double tol = 0);
+                           const ReferenceForward& ref, double tol = 0,
+                           const ReferenceForward* moved = nullptr);
 
 // ---- backward ---------------------------------------------------------------------------------
 
@@ -96,10 +119,20 @@ BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, co
 
 struct BackwardCheck {
   ErrorStats dq, dk, dv;
+  double dq_floor = 0, dk_floor = 0, dv_floor = 0;  // condition floors (0: none given)
+  double tolerance = 0;
   bool pass = false;
   std::string str() const;
+  bool passed_on_floor() const;  // passes only because of a condition floor
 };
+// `moved`, when given, is the oracle's backward on inputs (Q, K, V and dO) changed by the
+// tolerance: the condition floor above.
 BackwardCheck check_backward(DType t, const BackwardOutputs& out, const ReferenceBackward& ref,
-                             double tol = 0);
+                             double tol = 0, const ReferenceBackward* moved = nullptr);
+// The condition floor's gradients: the exact backward (reference_backward_given) of every input a
+// rung's backward is handed, changed by a relative amount of at most the tolerance of its type: Q,
+// K, V, O and dO by the dtype's, the log-sum-exp by fp32's (it is fp32 in every dtype).
+ReferenceBackward reference_backward_moved(const AttentionShape& s, DType t, const Inputs& in,
+                                           const BackwardInputs& bin);
 
 }  // namespace fl

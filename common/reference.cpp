@@ -126,6 +126,47 @@ ReferenceBackward reference_backward(const AttentionShape& s, const float* q, co
   return g;
 }
 
+ReferenceBackward reference_backward_given(const AttentionShape& s, const float* q, const float* k,
+                                           const float* v, const float* o, const float* lse,
+                                           const float* dout) {
+  s.validate();
+  const int64_t d = s.head_dim;
+  ReferenceBackward g;
+  g.dq.assign(s.q_elems(), 0.0);
+  g.dk.assign(s.kv_elems(), 0.0);
+  g.dv.assign(s.kv_elems(), 0.0);
+  const std::vector<int64_t> rows = all_rows(s.seq_q);
+  const double scale = s.softmax_scale();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t hk = h / s.group();
+      const MatD qh = head(q, b, h, s.heads, s.seq_q, d);
+      const MatD kh = head(k, b, hk, s.kv_heads, s.seq_k, d);
+      const MatD vh = head(v, b, hk, s.kv_heads, s.seq_k, d);
+      const MatD oh = head(o, b, h, s.heads, s.seq_q, d);
+      const MatD doh = head(dout, b, h, s.heads, s.seq_q, d);
+      MatD p = scores(s, qh, kh, rows);
+      const float* lse_h = lse + (b * s.heads + h) * s.seq_q;
+      for (int64_t i = 0; i < s.seq_q; ++i) {
+        const double l = lse_h[i];
+        for (int64_t j = 0; j < s.seq_k; ++j) p(i, j) = std::isinf(l) ? 0.0 : std::exp(p(i, j) - l);
+      }
+      const MatD dv = p.transpose() * doh;
+      const MatD dp = doh * vh.transpose();
+      const Eigen::VectorXd delta = (doh.array() * oh.array()).rowwise().sum();
+      const MatD ds = p.array() * (dp.colwise() - delta).array();
+      const MatD dq = scale * ds * kh;
+      const MatD dk = scale * ds.transpose() * qh;
+      double* dq_out = g.dq.data() + ((b * s.heads + h) * s.seq_q) * d;
+      double* dk_out = g.dk.data() + ((b * s.kv_heads + hk) * s.seq_k) * d;
+      double* dv_out = g.dv.data() + ((b * s.kv_heads + hk) * s.seq_k) * d;
+      for (int64_t i = 0; i < dq.size(); ++i) dq_out[i] = dq.data()[i];
+      for (int64_t i = 0; i < dk.size(); ++i) dk_out[i] += dk.data()[i];  // GQA: sum the group
+      for (int64_t i = 0; i < dv.size(); ++i) dv_out[i] += dv.data()[i];
+    }
+  return g;
+}
+
 std::vector<double> reference_no_softmax(const AttentionShape& s, const float* q, const float* k,
                                          const float* v) {
   s.validate();

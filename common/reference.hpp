@@ -33,6 +33,17 @@ struct ReferenceBackward {
 ReferenceBackward reference_backward(const AttentionShape& s, const float* q, const float* k,
                                      const float* v, const float* dout);  // dout: [B, H, Nq, d]
 
+// The same gradients computed from what a rung's backward is handed besides Q, K, V and dO: the
+// forward's O and lse. P = exp(S − lse) with the given lse (not renormalized) and D = rowsum(dO ∘ O)
+// with the given O. With the exact O and lse it equals reference_backward; the checks run it on
+// slightly changed O and lse (and Q, K, V, dO) to see how far the exact gradients move when a
+// rung's inputs are a little off (harness.hpp: the condition floor). A row that sees no key
+// (lse = −∞) gets P = 0.
+ReferenceBackward reference_backward_given(const AttentionShape& s, const float* q, const float* k,
+                                           const float* v, const float* o,  // o: [B, H, Nq, d]
+                                           const float* lse,                // [B, H, Nq]
+                                           const float* dout);
+
 // (Q·Kᵀ·scale)·V with no softmax and no mask: what rung 03's fused tiling demo computes.
 std::vector<double> reference_no_softmax(const AttentionShape& s, const float* q, const float* k,
                                          const float* v);  // -> [B, H, Nq, d]

@@ -310,12 +310,64 @@ TEST(CApi, DeviceEntryPointNamesWhatIsMissing) {
   const std::string why = fl_last_error();
   EXPECT_FALSE(why.empty()) << "fl_cuda_available returned 0 without saying why";
   HostProblem p(c_shape(1, 1, 1, 4, 4, 16, false), 1);
+  // Every argument valid (a workspace given: arguments are checked before the GPU is looked for).
+  std::vector<unsigned char> ws(1 << 20);
   const fl_status st = fl_forward("00_naive_eigen", &p.shape, FL_FP32, p.in.q.data(),
-                                  p.in.k.data(), p.in.v.data(), p.o.data(), p.lse.data(), nullptr,
-                                  0, nullptr);
+                                  p.in.k.data(), p.in.v.data(), p.o.data(), p.lse.data(), ws.data(),
+                                  ws.size(), nullptr);
   EXPECT_TRUE(st == FL_ERR_NOT_FOUND || st == FL_ERR_CUDA) << fl_status_name(st);
   EXPECT_GT(std::strlen(fl_last_error()), 0u);
   EXPECT_TRUE(p.untouched());
+}
+
+// A bad argument is a bad argument on every machine: FL_ERR_INVALID, whether or not there is a
+// GPU (or GPU rungs in this build) to look for.
+TEST(CApi, BadArgumentsAreInvalidBeforeAGpuIsLookedFor) {
+  HostProblem p(c_shape(1, 1, 1, 4, 4, 16, false), 1);
+  fl_shape bad = p.shape;
+  bad.heads = 0;
+  EXPECT_REFUSED(fl_forward("05_fa2_loop_order", &bad, FL_FP32, p.in.q.data(), p.in.k.data(), p.in.v.data(),
+                            p.o.data(), p.lse.data(), nullptr, 0, nullptr),
+                 FL_ERR_INVALID, "heads (H) = 0");
+  std::vector<float> g(64, kNaN);
+  EXPECT_REFUSED(fl_backward("07_backward_recompute", &bad, FL_FP32, p.in.q.data(), p.in.k.data(),
+                             p.in.v.data(), p.o.data(), p.lse.data(), p.o.data(), g.data(), g.data(), g.data(),
+                             nullptr, 0, nullptr),
+                 FL_ERR_INVALID, "heads (H) = 0");
+  EXPECT_REFUSED(fl_forward("05_fa2_loop_order", &p.shape, static_cast<fl_dtype>(9), p.in.q.data(), p.in.k.data(),
+                            p.in.v.data(), p.o.data(), p.lse.data(), nullptr, 0, nullptr),
+                 FL_ERR_INVALID, "dtype 9");
+  EXPECT_TRUE(p.untouched());
+}
+
+// Without a GPU, the backward's entry point points to the backward's host twin, not the forward's.
+TEST(CApi, DeviceBackwardNamesTheHostBackward) {
+  if (fl_cuda_available()) GTEST_SKIP() << "a GPU is present; the GPU tests cover the device path";
+  HostProblem p(c_shape(1, 1, 1, 4, 4, 16, false), 1);
+  std::vector<float> dout(p.in.q), g(64, kNaN);
+  std::vector<unsigned char> ws(1 << 20);  // every argument valid: the GPU is what is missing
+  const fl_status st = fl_backward("07_backward_recompute", &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
+                                   p.in.v.data(), p.o.data(), p.lse.data(), dout.data(), g.data(), g.data(),
+                                   g.data(), ws.data(), ws.size(), nullptr);
+  EXPECT_TRUE(st == FL_ERR_NOT_FOUND || st == FL_ERR_CUDA) << fl_status_name(st);
+  const std::string why = fl_last_error();
+  EXPECT_NE(why.find("fl_backward_host"), std::string::npos) << why;
+  EXPECT_EQ(why.find("fl_forward_host"), std::string::npos) << why;
+}
+
+// A CPU twin whose workspace cannot fit in host memory is refused before it is allocated, with how
+// much it needs and how much there is (rung 00 stores S and P: 2 x 4 bytes x 2^40 = 8 TiB here).
+TEST(CApi, HostTwinOutOfMemorySaysHowMuch) {
+  const int64_t n = int64_t(1) << 20;
+  const fl_shape shape = c_shape(1, 1, 1, n, n, 1, false);
+  std::vector<float> q(n, 1.f), k(n, 1.f), v(n, 1.f), o(n, kNaN), lse(n, kNaN);
+  const fl_status st = fl_forward_host("00_naive_eigen", &shape, FL_FP32, q.data(), k.data(), v.data(), o.data(),
+                                       lse.data(), nullptr, 0, nullptr);
+  EXPECT_EQ(st, FL_ERR_OUT_OF_MEMORY) << fl_status_name(st) << ": " << fl_last_error();
+  const std::string why = fl_last_error();
+  EXPECT_NE(why.find("8.00 TiB"), std::string::npos) << why;
+  EXPECT_NE(why.find("of host memory, but this machine has"), std::string::npos) << why;
+  EXPECT_TRUE(std::isnan(o[0]));
 }
 
 // ---- Forward on the GPU kernels -----------------------------------------------------------------

@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <limits>
+#include <random>
+#include <tuple>
 
 #include "harness.hpp"
 #include "io_counter.hpp"
@@ -208,6 +212,163 @@ TEST(Registry, RungsAreOrderedAndFoundByNameAndBackend) {
   const auto names = Registry::instance().names();
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
   EXPECT_EQ(Registry::instance().find("no_such_rung", Backend::Cpu), nullptr);
+}
+
+// Where there is no GPU the reason says so in plain words (the CUDA runtime's own text for a
+// machine without a driver is "CUDA driver version is insufficient for CUDA runtime version", which
+// sends a student to update a driver that is not there). This is the reason the ladder's header, the
+// GPU tests' skips, fl_cuda_available and --device cuda all give.
+TEST(Device, NoGpuIsSaidInPlainWords) {
+  std::string why;
+  if (gpu::available(&why)) GTEST_SKIP() << "a GPU is present";
+  EXPECT_FALSE(why.empty());
+  if (!gpu::built_with_cuda()) return;  // the CPU-only build says it has no CUDA at all
+  const bool driver_files = std::ifstream("/proc/driver/nvidia/version").good();
+  std::printf("[flash_ladder] no GPU: %s\n", why.c_str());
+  if (!driver_files) {
+    EXPECT_NE(why.find("no NVIDIA driver or GPU was found"), std::string::npos) << why;
+  }
+  EXPECT_EQ(why.find("CUDA driver version is insufficient"), std::string::npos) << why;
+}
+
+// ---- What the arithmetic allows: the condition floor ---------------------------------------------
+
+// The backward from a given O and lse (what a rung is handed) is the backward, when they are exact.
+TEST(Oracle, BackwardFromGivenOAndLseIsTheBackward) {
+  const AttentionShape s = make_shape(2, 4, 2, 37, 23, 16, true);  // rows 0..13 see no key
+  const Inputs in = make_inputs(s, DType::F32, base_seed());
+  const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, base_seed() + 1);
+  const ReferenceBackward g = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+  const ReferenceBackward h = reference_backward_given(s, in.q.data(), in.k.data(), in.v.data(), bin.o.data(),
+                                                       bin.lse.data(), bin.dout.data());
+  // O and lse are fp32 here, so the two differ by fp32 rounding, not more.
+  for (auto [a, b, name] : {std::tuple{&g.dq, &h.dq, "dq"}, {&g.dk, &h.dk, "dk"}, {&g.dv, &h.dv, "dv"}}) {
+    std::vector<float> af(a->begin(), a->end());
+    EXPECT_LT(compare(af.data(), b->data(), int64_t(b->size())).rel_l2, 1e-6) << name;
+  }
+}
+
+// The gradients of a problem, what a correct fp32 backward returns (the exact ones, each element
+// off by up to `noise` times the gradient's typical size: fp32 rounding), and the condition floor.
+struct GradCase {
+  AttentionShape s;
+  ReferenceBackward ref, moved;
+  BackwardOutputs out;
+};
+GradCase grad_case(const AttentionShape& s, InputKind kind, double noise, uint64_t seed) {
+  GradCase c;
+  c.s = s;
+  const Inputs in = make_inputs(s, DType::F32, seed, kind);
+  const BackwardInputs bin = make_backward_inputs(s, DType::F32, in, seed + 1);
+  c.ref = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+  c.moved = reference_backward_moved(s, DType::F32, in, bin);
+  std::mt19937_64 rng(seed + 2);
+  std::uniform_real_distribution<double> u(-1, 1);
+  auto rounded = [&](const std::vector<double>& x) {
+    double rms = 0;
+    for (double e : x) rms += e * e;
+    rms = std::sqrt(rms / double(x.size()));
+    std::vector<float> y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) y[i] = float(x[i] + noise * rms * u(rng));
+    return y;
+  };
+  c.out = {rounded(c.ref.dq), rounded(c.ref.dk), rounded(c.ref.dv)};
+  return c;
+}
+
+// ladder --inputs constant-row: the head whose keys are all equal has dQ = 0 exactly (Σ_j dS_ij = 0
+// times one key), so fp32 rounding (1e-7 absolute) is a relative error of ~1e8. Held to the floor
+// (how far the exact dQ moves when the inputs change by the tolerance) it passes, as it must.
+TEST(Checks, AZeroGradientIsHeldToWhatTheArithmeticAllows) {
+  const AttentionShape s = make_shape(1, 1, 1, 64, 80, 32, false);
+  GradCase c = grad_case(s, InputKind::ConstantRow, 1e-7, base_seed());
+  // The dQ of this head is rounding noise around 0.
+  double dq_max = 0;
+  for (double x : c.ref.dq) dq_max = std::max(dq_max, std::abs(x));
+  ASSERT_LT(dq_max, 1e-12);
+  for (std::size_t i = 0; i < c.out.dq.size(); ++i) c.out.dq[i] = float(1e-7 * ((i % 7) - 3.0) / 3);
+  const BackwardCheck plain = check_backward(DType::F32, c.out, c.ref);
+  EXPECT_FALSE(plain.pass) << "a relative error alone fails it: " << plain.str();
+  const BackwardCheck held = check_backward(DType::F32, c.out, c.ref, 0, &c.moved);
+  EXPECT_TRUE(held.pass) << held.str();
+  EXPECT_TRUE(held.passed_on_floor());
+  EXPECT_NE(held.str().find("within the"), std::string::npos) << held.str();
+}
+
+// ladder --inputs large-logits: logits of ~120 make the last bits of Q·Kᵀ visible in P; an error a
+// few times the tolerance is what fp32 does there (a plain fp32 backward errs 9e-6..2.2e-5, rung
+// 07's twin 6e-5), and the floor says so.
+TEST(Checks, LargeLogitsAreHeldToTheirCondition) {
+  const AttentionShape s = make_shape(1, 2, 2, 96, 96, 64, false);
+  const GradCase c = grad_case(s, InputKind::LargeLogits, 6e-5, base_seed());
+  EXPECT_FALSE(check_backward(DType::F32, c.out, c.ref).pass);
+  const BackwardCheck held = check_backward(DType::F32, c.out, c.ref, 0, &c.moved);
+  EXPECT_TRUE(held.pass) << held.str();
+}
+
+// The floor does not let a bug through: each of these is FAIL, on well-conditioned inputs, on the
+// constant row and on large logits alike.
+TEST(Checks, AWrongGradientStillFails) {
+  uint64_t seed = base_seed();
+  for (InputKind kind : {InputKind::Normal, InputKind::ConstantRow, InputKind::LargeLogits}) {
+    const AttentionShape s = make_shape(1, 4, 2, 64, 80, 32, true);
+    const GradCase c = grad_case(s, kind, 1e-7, seed += 3);
+    SCOPED_TRACE(std::string("inputs ") + input_kind_name(kind) + " seed=" + std::to_string(seed));
+    ASSERT_TRUE(check_backward(DType::F32, c.out, c.ref, 0, &c.moved).pass) << "the correct one passes";
+    auto expect_fail = [&](const char* bug, BackwardOutputs o) {
+      const BackwardCheck k = check_backward(DType::F32, o, c.ref, 0, &c.moved);
+      EXPECT_FALSE(k.pass) << bug << ": " << k.str();
+    };
+    BackwardOutputs o = c.out;
+    for (auto& x : o.dq) x *= 1.01f;  // a scale off by 1%
+    expect_fail("dQ 1% too large", o);
+    o = c.out;
+    for (std::size_t i = 0; i < o.dk.size() / 2; ++i) o.dk[i] = 0;  // one kv head's dK not summed in
+    expect_fail("half of dK missing", o);
+    o = c.out;
+    // The largest and the smallest row of dV swapped (a key index mixed up), in the last kv head:
+    // the constant-row head's dV rows are all equal, and on large logits many rows are ~0.
+    {
+      const int64_t d = s.head_dim, rows = s.seq_k, first = int64_t(o.dv.size()) / d - rows;
+      auto norm = [&](int64_t r) {
+        double n = 0;
+        for (int64_t x = 0; x < d; ++x) n += double(o.dv[r * d + x]) * o.dv[r * d + x];
+        return n;
+      };
+      int64_t big = first, small = first;
+      for (int64_t r = first; r < first + rows; ++r) {
+        if (norm(r) > norm(big)) big = r;
+        if (norm(r) < norm(small)) small = r;
+      }
+      for (int64_t x = 0; x < d; ++x) std::swap(o.dv[big * d + x], o.dv[small * d + x]);
+    }
+    expect_fail("two rows of dV swapped", o);
+    o = c.out;
+    o.dq[5] = NAN;  // unwritten
+    expect_fail("an unwritten element of dQ", o);
+    o = c.out;
+    for (std::size_t i = 0; i < o.dq.size(); ++i) o.dq[i] += 1e-3f;  // dQ off where it should be ~0
+    expect_fail("dQ off by 1e-3 everywhere", o);
+  }
+}
+
+TEST(Checks, AWrongForwardStillFails) {
+  for (InputKind kind : {InputKind::Normal, InputKind::ConstantRow, InputKind::LargeLogits}) {
+    const AttentionShape s = make_shape(1, 2, 2, 64, 80, 32, true);
+    const Inputs in = make_inputs(s, DType::F32, base_seed(), kind);
+    const ReferenceForward ref = reference_forward(s, in.q.data(), in.k.data(), in.v.data());
+    const Inputs m = perturbed_inputs(in, tolerance(DType::F32), perturbation_seed(in.seed));
+    const ReferenceForward moved = reference_forward(s, m.q.data(), m.k.data(), m.v.data());
+    ForwardOutputs out{std::vector<float>(ref.o.begin(), ref.o.end()), std::vector<float>(ref.lse.begin(), ref.lse.end())};
+    SCOPED_TRACE(input_kind_name(kind));
+    EXPECT_TRUE(check_forward(s, DType::F32, out, ref, 0, &moved).pass);
+    ForwardOutputs bad = out;
+    for (int64_t c2 = 0; c2 < s.head_dim; ++c2) bad.o[c2] = 0;  // the first row left at 0 (a mask bug)
+    EXPECT_FALSE(check_forward(s, DType::F32, bad, ref, 0, &moved).pass);
+    bad = out;
+    for (auto& x : bad.o) x *= 1.001f;  // normalized by a sum off by 0.1%
+    EXPECT_FALSE(check_forward(s, DType::F32, bad, ref, 0, &moved).pass);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,30 @@
+# Runs one command for a ctest test and fails unless it exits with EXPECT_EXIT within MAX_SECONDS
+# (wall clock, whole seconds). Its output is echoed, so PASS_REGULAR_EXPRESSION and
+# FAIL_REGULAR_EXPRESSION on the test still see it. ctest alone checks either an exit status of 0 or
+# a pattern; the ladder's refusals need both (exit status 2, and the message that says why).
+#   cmake -DEXPECT_EXIT=2 -DMAX_SECONDS=2 -P expect_exit.cmake -- <command> [args...]
+set(_cmd "")
+set(_after_dashes FALSE)
+foreach(_i RANGE ${CMAKE_ARGC})
+  if(_after_dashes)
+    list(APPEND _cmd "${CMAKE_ARGV${_i}}")
+  elseif("${CMAKE_ARGV${_i}}" STREQUAL "--")
+    set(_after_dashes TRUE)
+  endif()
+endforeach()
+list(FILTER _cmd EXCLUDE REGEX "^$")
+if(NOT _cmd)
+  message(FATAL_ERROR "expect_exit.cmake: no command after --")
+endif()
+string(TIMESTAMP _t0 "%s")
+execute_process(COMMAND ${_cmd} RESULT_VARIABLE _rc OUTPUT_VARIABLE _out ERROR_VARIABLE _out)
+string(TIMESTAMP _t1 "%s")
+math(EXPR _took "${_t1} - ${_t0}")
+message("${_out}")
+message("expect_exit: exit status ${_rc} after ${_took} s")
+if(NOT "${_rc}" STREQUAL "${EXPECT_EXIT}")
+  message(FATAL_ERROR "expect_exit: expected exit status ${EXPECT_EXIT}, got ${_rc}")
+endif()
+if(DEFINED MAX_SECONDS AND _took GREATER MAX_SECONDS)
+  message(FATAL_ERROR "expect_exit: took ${_took} s, more than ${MAX_SECONDS} s")
+endif()
