@@ -6,7 +6,9 @@
     python3 bench/compare_torch.py --memory-sweep only --json torch.json
     python3 bench/plot.py --memory torch.json [--out docs/figures]
 
-For each device found (the CPU twins, and each GPU), it writes:
+For each device found (the CPU twins, and each GPU), it writes, with one line per rung (a rung
+with versions is drawn by its best one, named in the legend; rung 07's forward, which is rung 05's
+or 06's, is left out; --versions draws every version instead):
   tflops_<device>.png        TFLOP/s of every rung against N (d=64, non-causal)
   time_<device>.png          milliseconds per forward against N (log-log)
   extra_memory_<device>.png  extra memory a rung needs (its workspace) against N, log y
@@ -153,7 +155,7 @@ def figure(records, value, ylabel, title, path, logy, zero_note=None, in_bytes=F
         return False
     mixed = len({k[1] for k in lines}) > 1
     cmap = plt.get_cmap("tab20" if len(lines) > 10 else "tab10")
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(11.5, 5.5))
     all_n, zero_rungs, failed_any = set(), [], False
     for i, (key, recs) in enumerate(lines.items()):
         color = cmap(i % cmap.N)
@@ -205,11 +207,44 @@ def figure(records, value, ylabel, title, path, logy, zero_note=None, in_bytes=F
         notes.append(zero_note + ": " + ", ".join(zero_rungs))
     if notes:
         fig.text(0.01, 0.01, "\n".join(notes), fontsize=8, va="bottom")
-    ax.legend(fontsize=8, loc="best")
+    # Outside the axes, on the right: a legend inside would sit on some rung's line.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout(rect=(0, 0.04 * len(notes), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def forward_rung(rung):
+    """False for a rung whose forward is another rung's (07's versions pair with 05's or 06's)."""
+    return not rung.startswith("07_")
+
+
+def one_per_rung(records):
+    """Records of each rung's best version only, and none of the rungs whose forward is another's.
+
+    A rung with versions (06_tensor_core_mma/v1_mma ... v9_one_sync) is drawn as one line: the
+    version with the highest TFLOP/s at the largest N that all of its versions ran."""
+    records = [r for r in records if forward_rung(r["rung"])]
+    versions = defaultdict(set)
+    for r in records:
+        versions[r["rung"].split("/")[0]].add(r["rung"])
+    keep = set()
+    for family, names in versions.items():
+        if len(names) == 1:
+            keep |= names
+            continue
+        ran = defaultdict(dict)  # N -> version -> TFLOP/s
+        for r in records:
+            if r["rung"] in names and r["error"] is None and r.get("TFLOP/s"):
+                ran[r["N"]][r["rung"]] = r["TFLOP/s"]
+        common = [n for n in ran if len(ran[n]) == len(names)] or list(ran)
+        if not common:
+            keep |= names
+            continue
+        at = ran[max(common)]
+        keep.add(max(at, key=at.get))
+    return [r for r in records if r["rung"] in keep]
 
 
 def memory_rows(path):
@@ -337,6 +372,8 @@ def main(argv=None):
     ap.add_argument("--memory", metavar="TORCH_JSON",
                     help="compare_torch.py's --json with --memory-sweep rows: draws backward_memory.png")
     ap.add_argument("--out", default="docs/figures", help="folder for the PNG files (default docs/figures)")
+    ap.add_argument("--versions", action="store_true",
+                    help="one line per version (and rung 07's forward rows) instead of one per rung")
     args = ap.parse_args(argv)
     if not args.json and not args.memory:
         ap.error("give ladder_bench JSON files, --memory TORCH_JSON, or both")
@@ -370,6 +407,9 @@ def main(argv=None):
         main_shape = [r for r in recs if r["d"] == 64 and r["causal"] == 0]
         if not main_shape:
             continue
+        if not args.versions:
+            main_shape = one_per_rung(main_shape)
+        which = "every version" if args.versions else "each rung's best version"
         b_h = sorted({(r["B"], r["H"]) for r in main_shape})
         shape = ", ".join("B=%d H=%d" % bh for bh in b_h)
         where = "%s%s" % (machine, ", " + date if date else "")
@@ -377,13 +417,13 @@ def main(argv=None):
         # every y axis is logarithmic: equal heights are equal ratios, what the ladder is about.
         charts = [
             ("tflops", "TFLOP/s", "TFLOP/s (4·B·H·N²·d / time)", None, False,
-             "Forward TFLOP/s per rung, d=64, non-causal, %s\n%s" % (shape, where)),
+             "Forward TFLOP/s, %s, d=64, non-causal, %s\n%s" % (which, shape, where)),
             ("time", "time_ms", "time per forward (ms)", None, False,
-             "Forward time per rung, d=64, non-causal, %s\n%s" % (shape, where)),
+             "Forward time, %s, d=64, non-causal, %s\n%s" % (which, shape, where)),
             ("extra_memory", "extra_bytes", "extra memory (workspace beyond Q, K, V, O, lse)", "no extra memory",
-             True, "Extra memory per rung, d=64, non-causal, %s\n%s" % (shape, where)),
+             True, "Extra memory, %s, d=64, non-causal, %s\n%s" % (which, shape, where)),
             ("modelled_io", "modelled_bytes", "modelled device-memory traffic", None, True,
-             "Modelled bytes moved between device memory and chip, d=64, non-causal, %s\n%s" % (shape, where)),
+             "Modelled bytes moved between device memory and chip, %s, d=64, non-causal,\n%s, %s" % (which, shape, where)),
         ]
         for name, value, ylabel, zero_note, in_bytes, title in charts:
             path = os.path.join(args.out, "%s_%s.png" % (name, tag))
