@@ -28,6 +28,7 @@ bool Rung::supports(const AttentionShape& s, DType t, std::string* why) const {
 
 void Rung::check_supported(const AttentionShape& s, DType t, bool for_backward) const {
   s.validate();
+  if (const std::string why = unavailable(); !why.empty()) throw InputError("rung " + label() + " cannot run here: " + why);
   const Capabilities c = caps();
   auto refuse = [&](const std::string& what, const std::string& allowed) {
     throw InputError("rung " + label() + " does not run " + what + "; it supports " + allowed);

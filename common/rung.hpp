@@ -74,6 +74,10 @@ class Rung {
   virtual Backend backend() const = 0;
   virtual std::string idea() const = 0;     // one line: what this rung teaches
   virtual Capabilities caps() const = 0;
+  // Why this rung cannot run on this machine now (a GPU or an instruction set it needs), or empty
+  // when it can. check_supported refuses every call with it, so the ladder, the tests and the C ABI
+  // say it instead of failing.
+  virtual std::string unavailable() const { return {}; }
 
   // Extra memory the rung needs where it runs, beyond Q, K, V, O and lse.
   virtual std::size_t workspace_bytes(const AttentionShape&, DType) const { return 0; }

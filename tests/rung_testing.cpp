@@ -77,9 +77,17 @@ std::string skip_reason(Backend b) {
   return "not registered in this build";
 }
 
+std::string skip_reason(const std::string& name, Backend b) {
+  if (b == Backend::Cuda && !gpu::available()) return skip_reason(b);
+  const Rung* r = Registry::instance().find(name, b);
+  if (!r) return skip_reason(b);
+  return r->unavailable();
+}
+
 const Rung* rung_or_skip(const std::string& name, Backend b) {
   if (b == Backend::Cuda && !gpu::available()) return nullptr;
-  return Registry::instance().find(name, b);
+  const Rung* r = Registry::instance().find(name, b);
+  return r && r->unavailable().empty() ? r : nullptr;
 }
 
 CaseResult run_case(const Rung& r, DType t, const Case& c, double tol) {

@@ -28,8 +28,9 @@ std::vector<Case> ladder_cases(const Rung& r, DType t);
 const Rung* rung_or_skip(const std::string& name, Backend b);
 #define FL_RUNG_OR_SKIP(var, name, backend)            \
   const ::fl::Rung* var = ::fl::testing::rung_or_skip(name, backend); \
-  if (!var) GTEST_SKIP() << "no " #backend " rung " << name << ": " << ::fl::testing::skip_reason(backend)
+  if (!var) GTEST_SKIP() << "no " #backend " rung " << name << ": " << ::fl::testing::skip_reason(name, backend)
 std::string skip_reason(Backend b);
+std::string skip_reason(const std::string& name, Backend b);  // with the rung's own reason, if any
 
 struct CaseResult {
   ForwardOutputs out;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "cuda_check.cuh"
+#include "dispatch.cuh"
 #include "tensor_core_mma.hpp"
 
 namespace fl::tensor_core_mma {
@@ -29,17 +30,7 @@ void dispatch(Version v, const AttentionShape& s, DType t, const ForwardArgs& a)
   if (!is_aligned(a.q, 16) || !is_aligned(a.k, 16) || !is_aligned(a.v, 16) || !is_aligned(a.o, 16))
     throw InputError(who + "q, k, v and o must be 16-byte aligned (the kernel moves them in 16-byte "
                      "pieces); cudaMalloc and PyTorch allocations are");
-  auto by_dim = [&](auto type) {
-    using T = decltype(type);
-    switch (s.head_dim) {
-      case 64: return Launch::template run<T, 64>(s, a);
-      case 128: return Launch::template run<T, 128>(s, a);
-      default:
-        throw InputError(who + "head_dim " + std::to_string(s.head_dim) + " has no kernel; supported: 64, 128");
-    }
-  };
-  if (t == DType::F16) by_dim(__half{});
-  else by_dim(__nv_bfloat16{});
+  dispatch_16bit<Launch, 64, 128>(who, t, s.head_dim, s, a);
 }
 
 // Adds version v's kernel to the registry at program start.

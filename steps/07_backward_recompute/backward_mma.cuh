@@ -22,6 +22,8 @@
 #include "backward_recompute.hpp"
 #include "block_reduce.cuh"
 #include "cuda_check.cuh"
+#include "dispatch.cuh"
+#include "wgmma.cuh"
 
 namespace fl::backward::tc {
 
@@ -211,20 +213,8 @@ void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, 
   FL_CUDA_CHECK_LAUNCH();
 }
 
-// wgmma runs on compute capability 9.0 only (H100, H200), and only if this rung was compiled for
-// sm_90a (CMakeLists.txt defines FL_HAVE_WGMMA then). Asked at every call: three attribute
-// queries, no synchronisation.
-inline bool wgmma_here() {
-#if defined(FL_HAVE_WGMMA)
-  int dev = 0, major = 0, minor = 0;
-  FL_CUDA_CHECK(cudaGetDevice(&dev));
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  return major == 9 && minor == 0;
-#else
-  return false;
-#endif
-}
+// wgmma runs here (wgmma.cuh): compute capability 9.0 and this rung built for sm_90a.
+inline bool wgmma_here() { return fl::wgmma::available(); }
 
 // Launch::run<T, D> for the call's dtype and head dim, after the checks every version's kernels
 // need: the grid's y and z limits, and 16-byte alignment.
@@ -237,16 +227,7 @@ void dispatch(Version v, const AttentionShape& s, DType t, const BackwardArgs& a
     if (!is_aligned(p, 16))
       throw InputError(who + "q, k, v, o, dout, dq, dk, dv and the workspace must be 16-byte aligned (the kernels "
                              "move them in 16-byte pieces); cudaMalloc and PyTorch allocations are");
-  auto by_dim = [&](auto type) {
-    using T = decltype(type);
-    switch (s.head_dim) {
-      case 64: return Launch::template run<T, 64>(v, s, a);
-      case 128: return Launch::template run<T, 128>(v, s, a);
-      default: throw InputError(who + "head_dim " + std::to_string(s.head_dim) + " has no kernel; supported: 64, 128");
-    }
-  };
-  if (t == DType::F16) by_dim(__half{});
-  else by_dim(__nv_bfloat16{});
+  dispatch_16bit<Launch, 64, 128>(who, t, s.head_dim, v, s, a);
 }
 
 // Adds version v's kernels to the registry at program start.

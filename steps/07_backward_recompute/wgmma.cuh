@@ -19,14 +19,31 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
 #include "../06_tensor_core_mma/mma_sync.cuh"
 #include "../06_tensor_core_mma/swizzle.hpp"
+#include "cuda_check.cuh"
 
 namespace fl::wgmma {
+
+// Whether wgmma can run now: the current GPU has compute capability 9.0 (H100, H200) and the
+// source that asks was compiled for sm_90a (the rung's CMakeLists.txt defines FL_HAVE_WGMMA then).
+// Asked at every call: three attribute queries, no synchronisation.
+inline bool available() {
+#if defined(FL_HAVE_WGMMA)
+  int dev = 0, major = 0, minor = 0;
+  FL_CUDA_CHECK(cudaGetDevice(&dev));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
 
 // Byte offset of element (r, c) in a kRows × C panel tile.
 template <int kRows>

@@ -1,0 +1,80 @@
+// Rung 08: the forward pass on Hopper's own instructions (sm_90a), FlashAttention-3's road. Rung 06
+// runs FlashAttention-2 on mma.sync, the tensor-core instruction Ampere introduced: one warp, its
+// operands in registers, loaded there by ldmatrix. On an H100 that reaches about a third of the
+// tensor cores' peak. Hopper adds `wgmma`, a warpgroup's (4 warps') multiply that reads its
+// operands from shared memory by descriptor and runs asynchronously, and the tensor memory
+// accelerator (TMA), a copy engine that moves whole tiles on one thread's word. This rung rebuilds
+// rung 06's kernel on them, one idea a version (docs/08_hopper_forward.md):
+//   v1_wgmma     the two products as wgmma: S = Q·Kᵀ from shared memory (both operands by
+//                descriptor), O += P·V with P from registers; two warpgroups of 64 query rows;
+//                K/V by cp.async into two buffers, as rung 06's v9.
+//
+// The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
+// rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
+#pragma once
+
+#include <iterator>
+#include <string>
+
+#include "../06_tensor_core_mma/tensor_core_mma.hpp"
+
+namespace fl::hopper {
+
+enum class Version { V1Wgmma };
+
+struct VersionInfo {
+  Version version;
+  const char* name;
+  const char* idea;
+};
+inline constexpr VersionInfo kVersions[] = {
+    {Version::V1Wgmma, "08_hopper_forward/v1_wgmma",
+     "warpgroup MMA (sm_90a): S = Q*K^T with both operands read from shared memory by descriptor, "
+     "O += P*V with P in registers; two warpgroups of 64 query rows"},
+};
+constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
+static_assert(int(Version::V1Wgmma) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+
+// Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
+// two warpgroups of 64 rows, 128 keys.
+constexpr tensor_core_mma::Tiling tiling(Version, int64_t) { return {128, 128, 8, 1}; }
+
+inline Capabilities capabilities() {
+  Capabilities c;
+  c.dtypes = {DType::F16, DType::BF16};
+  c.head_dims = {64, 128};
+  return c;
+}
+
+// A version's kernel launcher (CUDA builds only; each version file registers its own), and why
+// the kernels cannot run on this machine (empty when they can: an sm_90 GPU, a build for sm_90a).
+using KernelFn = void (*)(Version, const AttentionShape&, DType, const ForwardArgs&);
+using WhyNotFn = std::string (*)();
+
+// One version on either backend: rung 06's numerics twin with this version's tiling
+// (hopper_forward.cpp registers one per version), or the version's kernel.
+template <Backend B>
+class HopperRung final : public Rung {
+ public:
+  explicit HopperRung(Version v, KernelFn kernel = nullptr, WhyNotFn why_not = nullptr)
+      : version_(v), kernel_(kernel), why_not_(why_not) {}
+  std::string name() const override { return info(version_).name; }
+  std::string idea() const override { return info(version_).idea; }
+  Backend backend() const override { return B; }
+  Capabilities caps() const override { return capabilities(); }
+  std::string unavailable() const override { return why_not_ ? why_not_() : std::string(); }
+  IoModel modelled_io(const AttentionShape& s, DType t) const override {
+    return tensor_core_mma::io_model(s, t, tiling(version_, s.head_dim));
+  }
+  void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) tensor_core_mma::twin_forward(s, t, a, tiling(version_, s.head_dim));
+    else kernel_(version_, s, t, a);
+  }
+
+ private:
+  Version version_;
+  KernelFn kernel_;
+  WhyNotFn why_not_;
+};
+
+}  // namespace fl::hopper

@@ -1,0 +1,52 @@
+// What every rung-08 kernel file shares and none of them teaches: the checks before a launch (a
+// GPU that runs wgmma, a build for sm_90a, the grid's limits, 16-byte alignment), the kernel
+// instance for the call's dtype and head dim, and the registration of the version under its name.
+// A version file holds its kernel and a `Launch` with `template <class T, int D> static void
+// run(shape, args)`, and ends with
+//     static const RegisterKernel<Launch> registered{kVersion};
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "../07_backward_recompute/wgmma.cuh"
+#include "cuda_check.cuh"
+#include "dispatch.cuh"
+#include "hopper_forward.hpp"
+
+namespace fl::hopper {
+
+inline constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = 2^(x·log2 e)
+
+// Empty where wgmma runs; else what the rung needs (the rung's unavailable(): every check refuses).
+inline std::string why_not_here() {
+  try {
+    if (fl::wgmma::available()) return {};
+  } catch (const std::exception& e) {  // no GPU, no driver: say so, never throw from a question
+    return std::string("no GPU to run on (") + e.what() + ")";
+  }
+  return "it needs an sm_90 GPU (H100, H200) and the rung built for sm_90a (CMAKE_CUDA_ARCHITECTURES "
+         "containing 90); 06_tensor_core_mma/v9_one_sync runs on any GPU from sm_80";
+}
+
+template <class Launch>
+void dispatch(Version v, const AttentionShape& s, DType t, const ForwardArgs& a) {
+  const std::string who = std::string("rung ") + info(v).name + " (cuda): ";
+  if (const std::string why = why_not_here(); !why.empty()) throw InputError(who + why);
+  if (s.heads > 65535 || s.batch > 65535) throw InputError(who + "heads and batch must each be at most 65535 (grid y, z)");
+  if (!is_aligned(a.q, 16) || !is_aligned(a.k, 16) || !is_aligned(a.v, 16) || !is_aligned(a.o, 16))
+    throw InputError(who + "q, k, v and o must be 16-byte aligned (the kernel moves them in 16-byte pieces); "
+                     "cudaMalloc and PyTorch allocations are");
+  dispatch_16bit<Launch, 64, 128>(who, t, s.head_dim, s, a);
+}
+
+// Adds version v's kernel to the registry at program start.
+template <class Launch>
+struct RegisterKernel {
+  explicit RegisterKernel(Version v) {
+    Registry::instance().add(std::make_unique<HopperRung<Backend::Cuda>>(v, &dispatch<Launch>, &why_not_here));
+  }
+};
+
+}  // namespace fl::hopper
