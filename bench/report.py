@@ -359,7 +359,7 @@ def ladder_part(runs: list[dict], rung: str | None) -> str:
         return ""
     if rung is None:
         out += ["", "Speed-up is over the rung above on the same device. Modelled IO is the rung's "
-                "closed-form traffic between device memory and the chip ([the IO model](docs/io_model.md)); "
+                "closed-form traffic between device memory and the chip ([the IO model](io_model.md)); "
                 "rel err O is the relative L2 error against the fp64 oracle."]
     return "\n".join(out).strip("\n")
 
@@ -609,6 +609,59 @@ def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dt
     return "\n".join(out)
 
 
+def ladder_summary_part(rows: list[dict], n: int = 4096, d: int = 64) -> str:
+    """For the README: the whole ladder in one table per pass, from one run. Each rung at one shape
+    (H = 16, N = n, d, not causal, B·N = 16384 or B = 1 as the run measured it), its fastest version
+    in each dtype it runs, TFLOP/s, speed relative to the row above and to PyTorch's backends on
+    the same inputs."""
+    def shape_ok(r):
+        sh = str(r.get("shape", ""))
+        parts = sh.split("x")
+        return len(parts) == 4 and parts[1] == "16" and parts[2] == str(n) and parts[3] == str(d)
+    out = []
+    # A rung with a backward pass borrows its forward from an earlier rung: no forward row of its own.
+    with_backward = {rung_of(r).split("/")[0] for r in rows if r.get("kind") == "rung" and phase(r) == "bwd"}
+    for ph, what in (("fwd", "Forward"), ("bwd", "Backward")):
+        best: "OrderedDict[tuple, dict]" = OrderedDict()  # (rung, dtype) -> fastest row
+        peers = {}  # (dtype, peer) -> ms
+        device = ""
+        for r in rows:
+            if r.get("kind") not in ("rung", "sdpa") or phase(r) != ph or not shape_ok(r) or not r.get("ms"):
+                continue
+            if r["kind"] == "sdpa":
+                peers[(r.get("dtype"), r["name"][len("sdpa_"):])] = r["ms"]
+                continue
+            name = rung_of(r)
+            top = name.split("/")[0]
+            if ph == "fwd" and top in with_backward:
+                continue
+            key = (top, r.get("dtype"))
+            alias = name == top + "/mma"  # names one of the versions: a row only where they are not
+            if key not in best or (best[key].get("_alias") and not alias) or \
+                    (bool(best[key].get("_alias")) == alias and r["ms"] < best[key]["ms"]):
+                best[key] = dict(r, _alias=alias)
+            device = r.get("device", device)
+        if not best:
+            continue
+        body, prev = [], None
+        for (top, dtype), r in sorted(best.items(), key=lambda kv: (kv[0][0], dtype_key(kv[0][1]))):
+            version = rung_of(r)[len(top) + 1:] or "-"
+            row = [top, dtype, version, sig3(r.get("tflops")),
+                   "%.2f" % (r["tflops"] / prev) if prev and r.get("tflops") else "-"]
+            row += [speed(peers.get((dtype, p)), r["ms"]) for p, _ in SDPA]
+            body.append(row)
+            prev = r.get("tflops")
+        out += ["", "**%s**, %s, H = 16, N = %d, d = %d, not causal:" % (what, device or "?", n, d), ""]
+        out += table(["rung", "dtype", "fastest version", "TFLOP/s", "x row above"] + ["x " + nm for _, nm in SDPA],
+                     body, [False, False, False, True, True] + [True] * len(SDPA))
+    if not out:
+        return ""
+    return "\n".join(["One run %s. %s A rung runs in fp32 (00-05, 07's first version) or in 16 bits "
+                      "on the tensor cores; PyTorch's backends are compared in the same dtype. '-' where "
+                      "a backend does not run that dtype. Every shape is in [the results](docs/results.md)."
+                      % (torch_header(rows), RATIOS)] + out)
+
+
 def memory_part(rows: list[dict], rung: str, figure: str | None) -> str:
     """The memory sweep (compare_torch.py --memory-sweep): for each N, the extra device memory of a
     forward+backward of each of the rung's versions that ran it and of standard attention (SDPA
@@ -785,7 +838,10 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
             figure = os.path.join(docs_dir, "figures", "backward_memory.png")
             rel = os.path.relpath(figure, os.path.dirname(page)).replace(os.sep, "/") if os.path.exists(figure) else None
             return {"memory": memory_part(trows, step, rel) if torch_doc is not None else None}
-        if rung is None:  # README's gpu-table: every rung
+        if rung is None:  # README's gpu-table: the ladder in one table
+            return {"ladder": "", "bench": "",
+                    "torch": ladder_summary_part(trows) if torch_doc is not None else None}
+        if rung == "results":  # docs/results.md: every rung, every shape
             return {"ladder": ladder_part(runs, None) if ladder_doc is not None else None,
                     "bench": None,
                     "torch": torch_summary_part(trows) if torch_doc is not None else None}
@@ -856,7 +912,9 @@ def self_test(keep: str | None = None) -> int:
         os.makedirs(docs)
         os.makedirs(res)
         chapter, rm = os.path.join(docs, "00_naive_eigen.md"), os.path.join(tmp, "README.md")
-        for path, text in ((chapter, page), (rm, readme)):
+        results_page = os.path.join(docs, "results.md")
+        all_results = readme.replace("gpu-table", "results:results")
+        for path, text in ((chapter, page), (rm, readme), (results_page, all_results)):
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
 
@@ -878,8 +936,9 @@ def self_test(keep: str | None = None) -> int:
         expect("01_safe_softmax" not in c1, "another rung's row in rung 00's block")
         expect("Not measured yet" not in c1, "placeholder kept")
         expect("quoted in prose is no block" in c1 and c1.endswith("After.\n"), "text outside the block changed")
-        r1 = read(rm)
-        expect("01_safe_softmax" in r1 and "7 bad" in r1 and "a \\| reason" in r1, "README table wrong:\n" + r1)
+        r1 = read(results_page)
+        expect("01_safe_softmax" in r1 and "7 bad" in r1 and "a \\| reason" in r1, "results page wrong:\n" + r1)
+        expect(read(rm) == readme, "the README's one table needs torch.json, not the ladder's")
         # Idempotent.
         expect(run(res, docs, rm, True) == 0, "--check finds changes right after a rewrite")
         # bench.json and torch.json added: the ladder part stays, the others appear.

@@ -343,8 +343,8 @@ TEST(CApi, BadArgumentsAreInvalidBeforeAGpuIsLookedFor) {
 // Without a GPU, the backward's entry point points to the backward's host twin, not the forward's.
 TEST(CApi, DeviceBackwardNamesTheHostBackward) {
   if (fl_cuda_available()) GTEST_SKIP() << "a GPU is present; the GPU tests cover the device path";
-  HostProblem p(c_shape(1, 1, 1, 4, 4, 16, false), 1);
-  std::vector<float> dout(p.in.q), g(64, kNaN);
+  HostProblem p(c_shape(1, 1, 1, 4, 4, 64, false), 1);  // a head dim the rung runs
+  std::vector<float> dout(p.in.q), g(256, kNaN);
   std::vector<unsigned char> ws(1 << 20);  // every argument valid: the GPU is what is missing
   const fl_status st = fl_backward("07_backward_recompute", &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
                                    p.in.v.data(), p.o.data(), p.lse.data(), dout.data(), g.data(), g.data(),
