@@ -17,7 +17,7 @@
 // the rung gives one), the extra memory the backward needs, and the
 // relative L2 errors of dQ, dK and dV against the fp64 oracle's backward. That oracle holds whole
 // N×N matrices, so on a large problem the gradients are checked on a smaller one (one group of
-// heads, shorter sequences: bench::backward_check_shape) while the times are of the problem asked
+// heads, shorter sequences: backward_check_shape) while the times are of the problem asked
 // for; a CPU twin's backward runs, timed and checked, on a problem of at most 2^24 B·H·Nq·Nk·d
 // (kTwinBackwardLimit), which keeps the default run quick. --no-backward leaves the table out.
 //
@@ -63,7 +63,7 @@ constexpr double kCpuTwinFlopLimit = 2e10;
 
 // A CPU twin's backward runs, timed and checked, on a problem of at most this many B·H·Nq·Nk·d
 // (one head of the default problem): the default ladder, which CI runs on two cores, stays quick.
-// bench::backward_check_shape picks it; the table says when it is smaller than the problem.
+// backward_check_shape picks it; the table says when it is smaller than the problem.
 constexpr double kTwinBackwardLimit = double(int64_t(1) << 24);
 
 // Long sequences are checked on a sample of query rows (each still attends to every key): the
@@ -354,7 +354,7 @@ struct Problem {
   std::vector<int64_t> verify_rows;  // empty: every row
   // Rungs whose arrays do not fit in host memory, and the message that says so (host_bytes_needed).
   std::map<const Rung*, std::string> forward_skip, backward_skip;
-  bench::Oracle oracle;              // the inputs, and the oracle computed when a rung first needs it
+  Oracle oracle;              // the inputs, and the oracle computed when a rung first needs it
 
   const Inputs& inputs() { return oracle.inputs(); }
 };
@@ -491,10 +491,10 @@ struct BackwardRow {
 // A GPU rung's backward is timed on the problem and checked on what the oracle affords; a twin's
 // backward runs on a problem small enough to do both on (kTwinBackwardLimit).
 AttentionShape backward_timed_shape(const Rung& r, const AttentionShape& s) {
-  return r.backend() == Backend::Cpu ? bench::backward_check_shape(s, kTwinBackwardLimit) : s;
+  return r.backend() == Backend::Cpu ? backward_check_shape(s, kTwinBackwardLimit) : s;
 }
 AttentionShape backward_checked_shape(const Rung& r, const AttentionShape& s) {
-  return bench::backward_check_shape(backward_timed_shape(r, s), bench::kBackwardOracleLimit);
+  return backward_check_shape(backward_timed_shape(r, s), kBackwardOracleLimit);
 }
 
 BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, const std::string& gpu_short) {
@@ -531,7 +531,7 @@ BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, con
     row.status = row.check->pass ? Status::Pass : Status::Fail;
     if (!row.check->pass || row.check->passed_on_floor()) row.note = row.check->str();
     // Then the times; a failing rung is timed too, as in the forward table.
-    bench::BackwardRun run(r, row.shape, p.dtype, p.oracle.backward_qkv(row.shape), p.oracle.dout_seed());
+    BackwardRun run(r, row.shape, p.dtype, p.oracle.backward_qkv(row.shape), p.oracle.dout_seed());
     const int warmup = opt.warmup_for(r.backend()), reps = opt.reps_for(r.backend());
     row.bwd_ms = run.time_backward_ms(warmup, reps);
     row.fwd_bwd_ms = run.time_forward_backward_ms(warmup, reps);
@@ -543,7 +543,7 @@ BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, con
     }
   } catch (const std::bad_alloc&) {
     const std::string why = "out of host memory: the twin's arrays need about " +
-                            describe_bytes(double(bench::BackwardRun::device_bytes(r, row.shape, p.dtype)));
+                            describe_bytes(double(BackwardRun::device_bytes(r, row.shape, p.dtype)));
     if (row.status == Status::Fail) row.note += "; not timed: " + why;
     else {
       row.check.reset();
@@ -706,11 +706,11 @@ void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p
     if (r.refused || r.status == Status::Skipped) continue;
     const bool twin = r.rung->backend() == Backend::Cpu;
     std::string line;
-    if (!bench::same_problem(r.shape, s))
+    if (!same_problem(r.shape, s))
       line = "CPU twins: the backward is timed and checked on " + r.shape.str() + ", a smaller problem (" +
              fmt("%.3g", r.shape.flops_backward() / 1e9) + " GFLOP of backward): past B*H*Nq*Nk*d = 2^24 a " +
              "twin's backward takes one group of heads and shorter sequences, which keeps the default ladder quick.";
-    else if (!bench::same_problem(r.check_shape, r.shape))
+    else if (!same_problem(r.check_shape, r.shape))
       line = std::string(twin ? "CPU twins" : "GPU rungs") + ": timed on the problem above; gradients checked on " +
              r.check_shape.str() + " (the fp64 oracle holds N x N matrices of every head; past B*H*Nq*Nk*d " +
              "= 2^26 it checks one group of heads on shorter sequences).";
@@ -893,7 +893,7 @@ int ladder_main(int argc, char** argv) {
                       "--batch would fit");
   // dO for the backward is drawn from seed + 1, as the tests draw it.
   // The inputs are drawn when the first rung runs: a run whose every rung sits out draws none.
-  p.oracle = bench::Oracle(p.shape, p.dtype, opt.seed, opt.inputs, p.verify_rows, opt.seed + 1);
+  p.oracle = Oracle(p.shape, p.dtype, opt.seed, opt.inputs, p.verify_rows, opt.seed + 1);
   p.oracle.on_compute = [](const std::string& what) { std::cerr << what << "...\n"; };
 
   std::cout << "Flash Ladder: " << p.shape.str() << ", " << dtype_name(p.dtype) << ", inputs "

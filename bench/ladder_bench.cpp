@@ -15,7 +15,7 @@
 // (the rung's own, as in training), "fwd+bwd" a forward followed by a backward, each with a random
 // dO. Their gradients are checked against the fp64 oracle's backward first, on the problem itself
 // up to B·H·Nq·Nk·d = 2^26 and past that on one group of heads with shorter sequences
-// (bench::backward_check_shape: the oracle holds N×N matrices), with the same seed.
+// (backward_check_shape: the oracle holds N×N matrices), with the same seed.
 //
 // Flags of its own, given with Google Benchmark's (--benchmark_*):
 //   --fl_device=cpu|cuda|all   which backends (default all: CPU twins, and GPU rungs if usable)
@@ -203,13 +203,13 @@ std::string bench_name(const Rung& r, const AttentionShape& s, DType t, Phase ph
 // Inputs and oracle rows for one shape and dtype, shared by every rung benchmarked on it (the
 // sweep registers shape by shape, so one is enough). The oracle is made when a rung first runs on
 // this shape: if every rung is out of memory, it never is.
-bench::Oracle& shape_data(const AttentionShape& s, DType t) {
+Oracle& shape_data(const AttentionShape& s, DType t) {
   static std::string key;
-  static bench::Oracle d;
+  static Oracle d;
   const std::string k = s.str() + " " + dtype_name(t);
   if (key != k) {
     key = k;
-    d = bench::Oracle(s, t, make_inputs(s, t, kSeed), sample_rows(s.seq_q, kVerifyRows), kSeed + 1);
+    d = Oracle(s, t, make_inputs(s, t, kSeed), sample_rows(s.seq_q, kVerifyRows), kSeed + 1);
   }
   return d;
 }
@@ -217,11 +217,11 @@ bench::Oracle& shape_data(const AttentionShape& s, DType t) {
 // The oracle that backward benchmarks are checked against: on backward_check_shape() of theirs,
 // with inputs from the same seed, so the sweep's long sequences (which all check on the same
 // smaller problem) compute it once per dtype. Small: a few fp64 arrays of that problem.
-bench::Oracle& backward_oracle(const AttentionShape& s, DType t) {
-  static std::map<std::string, std::unique_ptr<bench::Oracle>> cache;
-  const AttentionShape c = bench::backward_check_shape(s);
+Oracle& backward_oracle(const AttentionShape& s, DType t) {
+  static std::map<std::string, std::unique_ptr<Oracle>> cache;
+  const AttentionShape c = backward_check_shape(s);
   auto& o = cache[c.str() + " " + dtype_name(t)];
-  if (!o) o = std::make_unique<bench::Oracle>(c, t, make_inputs(c, t, kSeed), std::vector<int64_t>{}, kSeed + 1);
+  if (!o) o = std::make_unique<Oracle>(c, t, make_inputs(c, t, kSeed), std::vector<int64_t>{}, kSeed + 1);
   return *o;
 }
 
@@ -236,7 +236,7 @@ struct Case {
 struct Fixture {
   std::string name;                           // the benchmark it belongs to
   std::unique_ptr<ForwardRun> run;            // fwd: inputs, outputs and workspace where the rung runs
-  std::unique_ptr<bench::BackwardRun> brun;   // bwd, fwd+bwd: the same for a forward and a backward
+  std::unique_ptr<BackwardRun> brun;   // bwd, fwd+bwd: the same for a forward and a backward
   std::string error;                          // non-empty: every call reports it and times nothing
   double rel_err = 0;                         // O's relative L2 error, or the largest of dQ's, dK's, dV's
   double rel_err_dq = 0, rel_err_dk = 0, rel_err_dv = 0;
@@ -283,7 +283,7 @@ Fixture& fixture_for(const Case& c) {
     failed_benchmarks().push_back(c.name);
   };
   try {
-    bench::Oracle& data = shape_data(c.shape, c.dtype);
+    Oracle& data = shape_data(c.shape, c.dtype);
     if (c.phase == Phase::Fwd) {
       f.run = std::make_unique<ForwardRun>(*c.rung, c.shape, c.dtype, data.inputs());
       f.run->run();  // on poisoned outputs: an element the rung never writes fails the check
@@ -295,7 +295,7 @@ Fixture& fixture_for(const Case& c) {
       }
     } else {
       // Gradients (poisoned first) against the oracle, on the problem it can afford.
-      bench::Oracle& ref = backward_oracle(c.shape, c.dtype);
+      Oracle& ref = backward_oracle(c.shape, c.dtype);
       const BackwardCheck check = ref.check_backward_of(*c.rung, ref.shape());
       f.rel_err_dq = check.dq.rel_l2, f.rel_err_dk = check.dk.rel_l2, f.rel_err_dv = check.dv.rel_l2;
       f.rel_err = std::max({f.rel_err_dq, f.rel_err_dk, f.rel_err_dv});
@@ -303,7 +303,7 @@ Fixture& fixture_for(const Case& c) {
         fail("FAIL against the fp64 oracle's backward on " + ref.shape().str() + ": " + check.str());
         return f;
       }
-      f.brun = std::make_unique<bench::BackwardRun>(*c.rung, c.shape, c.dtype, data.inputs(), data.dout_seed());
+      f.brun = std::make_unique<BackwardRun>(*c.rung, c.shape, c.dtype, data.inputs(), data.dout_seed());
       f.brun->forward();  // O and lse for the backward
     }
     // Warm-up: clocks up, caches and the instruction cache filled, lazy module loading done.

@@ -84,116 +84,195 @@ Inputs make_inputs(const AttentionShape& s, DType t, uint64_t seed, InputKind ki
 }
 
 // ---------------------------------------------------------------------------------------------
-struct ForwardRun::Impl {
-  Impl(const Rung& r, const AttentionShape& s, DType t)
-      : rung(r), shape(s), dtype(t), on_gpu(r.backend() == Backend::Cuda) {}
-  const Rung& rung;
-  AttentionShape shape;
-  DType dtype;
-  bool on_gpu;
-  // Host side (CPU twins run on these; GPU rungs stage through them).
-  std::vector<unsigned char> q, k, v, o, lse, ws;
-  gpu::DeviceBuffer dq, dk, dv, d_o, dlse, dws;
+namespace {
 
-  ForwardArgs args() {
-    ForwardArgs a;
+// Every 16-bit word 0x7fc0 little-endian: a NaN in fp32, fp16 and bf16 alike (as DeviceBuffer::poison).
+void poison_host(std::vector<unsigned char>& b) {
+  for (size_t i = 0; i + 1 < b.size(); i += 2) b[i] = 0xc0, b[i + 1] = 0x7f;
+}
+
+// One array of a call: its bytes on the host and, for a GPU rung, in device memory.
+struct Array {
+  std::vector<unsigned char> host;
+  gpu::DeviceBuffer dev;
+  bool on_gpu = false;
+  void init(std::vector<unsigned char> bytes, bool gpu, bool upload) {
+    host = std::move(bytes);
+    on_gpu = gpu;
     if (on_gpu) {
-      a.q = dq.get(), a.k = dk.get(), a.v = dv.get(), a.o = d_o.get();
-      a.lse = static_cast<float*>(dlse.get());
-      a.workspace = dws.get();
-    } else {
-      a.q = q.data(), a.k = k.data(), a.v = v.data(), a.o = o.data();
-      a.lse = reinterpret_cast<float*>(lse.data());
-      a.workspace = ws.empty() ? nullptr : ws.data();
+      dev = gpu::DeviceBuffer(host.size());
+      if (upload) dev.upload(host.data(), host.size());
     }
-    return a;
+  }
+  void* ptr() const {
+    if (on_gpu) return dev.get();
+    return host.empty() ? nullptr : const_cast<unsigned char*>(host.data());
+  }
+  void poison() {
+    if (on_gpu) dev.poison();
+    else poison_host(host);
+  }
+  void upload(const std::vector<unsigned char>& bytes) {
+    host = bytes;
+    if (on_gpu) dev.upload(host.data(), host.size());
+  }
+  const std::vector<unsigned char>& fetch() const {
+    if (on_gpu) dev.download(const_cast<unsigned char*>(host.data()), host.size());
+    return host;
   }
 };
 
-std::size_t ForwardRun::device_bytes(const Rung& r, const AttentionShape& s, DType t) {
-  const std::size_t e = dtype_bytes(t);
-  return e * std::size_t(2 * s.q_elems() + 2 * s.kv_elems()) + 4 * std::size_t(s.lse_elems()) +
-         r.workspace_bytes(s, t);
+}  // namespace
+
+struct Staging::Impl {
+  const Rung& rung;
+  AttentionShape shape;
+  DType dtype;
+  bool on_gpu, backward;
+  Array q, k, v, o, lse, ws_f, dout, dq, dk, dv, ws_b;
+  Impl(const Rung& r, const AttentionShape& s, DType t, bool bwd)
+      : rung(r), shape(s), dtype(t), on_gpu(r.backend() == Backend::Cuda), backward(bwd) {}
+};
+
+std::size_t Staging::bytes(const Rung& r, const AttentionShape& s, DType t, bool backward) {
+  const std::size_t e = dtype_bytes(t), q = e * std::size_t(s.q_elems()), kv = e * std::size_t(s.kv_elems()),
+                    lse = 4 * std::size_t(s.lse_elems());
+  std::size_t n = 2 * q + 2 * kv + lse + r.workspace_bytes(s, t);          // Q, O, K, V, lse
+  if (backward) n += 2 * q + 2 * kv + r.backward_workspace_bytes(s, t);   // dO, dQ, dK, dV
+  return n;
 }
 
-ForwardRun::ForwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in)
-    : impl_(std::make_unique<Impl>(r, s, t)) {
-  r.check_supported(s, t);
+Staging::Staging(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, const std::vector<float>* dout,
+                 const std::string& what)
+    : impl_(std::make_unique<Impl>(r, s, t, dout != nullptr)) {
   auto& m = *impl_;
-  m.q = to_storage(in.q, t);
-  m.k = to_storage(in.k, t);
-  m.v = to_storage(in.v, t);
-  m.o.assign(s.o_elems() * dtype_bytes(t), 0);
-  m.lse.assign(s.lse_elems() * 4, 0);
-  const std::size_t ws = r.workspace_bytes(s, t);
-  if (m.on_gpu) {
-    std::string what = "rung " + r.label() + " on " + s.str();
-    if (ws) what += " (its workspace, " + r.caps().workspace_what + ", is " + describe_bytes(double(ws)) + ")";
-    gpu::require_memory(device_bytes(r, s, t), what);
-    m.dq = gpu::DeviceBuffer(m.q.size());
-    m.dk = gpu::DeviceBuffer(m.k.size());
-    m.dv = gpu::DeviceBuffer(m.v.size());
-    m.d_o = gpu::DeviceBuffer(m.o.size());
-    m.dlse = gpu::DeviceBuffer(m.lse.size());
-    m.dws = gpu::DeviceBuffer(ws);
-    m.dq.upload(m.q.data(), m.q.size());
-    m.dk.upload(m.k.data(), m.k.size());
-    m.dv.upload(m.v.data(), m.v.size());
-  } else {
-    m.ws.assign(ws, 0);
+  if (m.on_gpu) gpu::require_memory(bytes(r, s, t, m.backward), what);
+  const std::size_t e = dtype_bytes(t), q_bytes = e * std::size_t(s.q_elems()), kv_bytes = e * std::size_t(s.kv_elems());
+  m.q.init(to_storage(in.q, t), m.on_gpu, true);
+  m.k.init(to_storage(in.k, t), m.on_gpu, true);
+  m.v.init(to_storage(in.v, t), m.on_gpu, true);
+  m.o.init(std::vector<unsigned char>(q_bytes), m.on_gpu, false);
+  m.lse.init(std::vector<unsigned char>(4 * std::size_t(s.lse_elems())), m.on_gpu, false);
+  m.ws_f.init(std::vector<unsigned char>(r.workspace_bytes(s, t)), m.on_gpu, false);
+  if (m.backward) {
+    m.dout.init(to_storage(*dout, t), m.on_gpu, true);
+    m.dq.init(std::vector<unsigned char>(q_bytes), m.on_gpu, false);
+    m.dk.init(std::vector<unsigned char>(kv_bytes), m.on_gpu, false);
+    m.dv.init(std::vector<unsigned char>(kv_bytes), m.on_gpu, false);
+    m.ws_b.init(std::vector<unsigned char>(r.backward_workspace_bytes(s, t)), m.on_gpu, false);
   }
-  poison();
+  poison_forward();
+  if (m.backward) poison_backward();
 }
 
-ForwardRun::~ForwardRun() = default;
+Staging::~Staging() = default;
 
-void ForwardRun::poison() {
-  auto& m = *impl_;
-  if (m.on_gpu) {
-    m.d_o.poison();
-    m.dlse.poison();
-  } else {
-    for (auto* b : {&m.o, &m.lse})
-      for (size_t i = 0; i + 1 < b->size(); i += 2) {  // 0x7fc0 little-endian in every 16-bit word
-        (*b)[i] = 0xc0;
-        (*b)[i + 1] = 0x7f;
-      }
-  }
-}
+bool Staging::on_gpu() const { return impl_->on_gpu; }
 
-void ForwardRun::run(IoCounter* io) {
-  auto& m = *impl_;
-  ForwardArgs a = m.args();
+ForwardArgs Staging::forward_args(IoCounter* io) const {
+  const auto& m = *impl_;
+  ForwardArgs a;
+  a.q = m.q.ptr(), a.k = m.k.ptr(), a.v = m.v.ptr(), a.o = m.o.ptr();
+  a.lse = static_cast<float*>(m.lse.ptr());
+  a.workspace = m.ws_f.ptr();
   a.io = io;
-  m.rung.check(m.shape, m.dtype, a);
-  m.rung.forward(m.shape, m.dtype, a);
+  return a;
 }
 
-ForwardOutputs ForwardRun::fetch() const {
-  auto& m = *impl_;
-  if (m.on_gpu) {
-    gpu::synchronize();
-    m.d_o.download(m.o.data(), m.o.size());
-    m.dlse.download(m.lse.data(), m.lse.size());
-  }
-  ForwardOutputs out;
-  out.o = from_storage(m.o, m.dtype);
-  out.lse = from_storage(m.lse, DType::F32);
-  return out;
+BackwardArgs Staging::backward_args(IoCounter* io) const {
+  const auto& m = *impl_;
+  BackwardArgs a;
+  a.q = m.q.ptr(), a.k = m.k.ptr(), a.v = m.v.ptr(), a.o = m.o.ptr(), a.dout = m.dout.ptr();
+  a.lse = static_cast<const float*>(m.lse.ptr());
+  a.dq = m.dq.ptr(), a.dk = m.dk.ptr(), a.dv = m.dv.ptr();
+  a.workspace = m.ws_b.ptr();
+  a.io = io;
+  return a;
 }
 
-double ForwardRun::time_ms(int warmup, int reps) {
-  auto& m = *impl_;
-  if (m.on_gpu) return gpu::time_ms([&] { run(); }, warmup, reps, [] { gpu::flush_l2(); });
-  for (int i = 0; i < warmup; ++i) run();
+void Staging::set_forward_outputs(const std::vector<float>& o, const std::vector<float>& lse) {
+  impl_->o.upload(to_storage(o, impl_->dtype));
+  impl_->lse.upload(to_storage(lse, DType::F32));
+}
+
+void Staging::poison_forward() {
+  impl_->o.poison();
+  impl_->lse.poison();
+}
+
+void Staging::poison_backward() {
+  impl_->dq.poison();
+  impl_->dk.poison();
+  impl_->dv.poison();
+}
+
+ForwardOutputs Staging::forward_outputs() const {
+  const auto& m = *impl_;
+  if (m.on_gpu) gpu::synchronize();
+  return {from_storage(m.o.fetch(), m.dtype), from_storage(m.lse.fetch(), DType::F32)};
+}
+
+BackwardOutputs Staging::gradients() const {
+  const auto& m = *impl_;
+  if (m.on_gpu) gpu::synchronize();
+  return {from_storage(m.dq.fetch(), m.dtype), from_storage(m.dk.fetch(), m.dtype), from_storage(m.dv.fetch(), m.dtype)};
+}
+
+double Staging::time_ms(const std::function<void()>& fn, int warmup, int reps) const {
+  if (impl_->on_gpu) return gpu::time_ms(fn, warmup, reps, [] { gpu::flush_l2(); });
+  for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> t;
   for (int i = 0; i < std::max(reps, 1); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    run();
+    fn();
     t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
   return t[t.size() / 2];
+}
+
+// ---------------------------------------------------------------------------------------------
+struct ForwardRun::Impl {
+  const Rung& rung;
+  AttentionShape shape;
+  DType dtype;
+  Staging st;
+  Impl(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, const std::string& what)
+      : rung(r), shape(s), dtype(t), st(r, s, t, in, nullptr, what) {}
+};
+
+std::size_t ForwardRun::device_bytes(const Rung& r, const AttentionShape& s, DType t) {
+  return Staging::bytes(r, s, t, /*backward=*/false);
+}
+
+namespace {
+std::string forward_what(const Rung& r, const AttentionShape& s, DType t) {
+  r.check_supported(s, t);  // before anything is allocated
+  std::string what = "rung " + r.label() + " on " + s.str();
+  if (const std::size_t ws = r.workspace_bytes(s, t))
+    what += " (its workspace, " + r.caps().workspace_what + ", is " + describe_bytes(double(ws)) + ")";
+  return what;
+}
+}  // namespace
+
+ForwardRun::ForwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in)
+    : impl_(std::make_unique<Impl>(r, s, t, in, forward_what(r, s, t))) {}
+
+ForwardRun::~ForwardRun() = default;
+
+void ForwardRun::poison() { impl_->st.poison_forward(); }
+
+void ForwardRun::run(IoCounter* io) {
+  auto& m = *impl_;
+  const ForwardArgs a = m.st.forward_args(io);
+  m.rung.check(m.shape, m.dtype, a);
+  m.rung.forward(m.shape, m.dtype, a);
+}
+
+ForwardOutputs ForwardRun::fetch() const { return impl_->st.forward_outputs(); }
+
+double ForwardRun::time_ms(int warmup, int reps) {
+  return impl_->st.time_ms([&] { run(); }, warmup, reps);
 }
 
 std::size_t ForwardRun::extra_bytes() const { return impl_->rung.workspace_bytes(impl_->shape, impl_->dtype); }
@@ -302,44 +381,61 @@ BackwardInputs make_backward_inputs(const AttentionShape& s, DType t, const Inpu
 BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
                              const BackwardInputs& bin, IoCounter* io) {
   r.check_supported(s, t, true);
-  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t),
-                                   o = to_storage(bin.o, t), dout = to_storage(bin.dout, t);
-  // Gradients are stored in the call's dtype, as the inputs are; poisoned (NaN) first.
-  std::vector<unsigned char> dq = to_storage(std::vector<float>(s.q_elems(), NAN), t),
-                             dk = to_storage(std::vector<float>(s.kv_elems(), NAN), t),
-                             dv = to_storage(std::vector<float>(s.kv_elems(), NAN), t);
-  const std::size_t ws_bytes = r.backward_workspace_bytes(s, t);
-  BackwardArgs a;
+  Staging st(r, s, t, in, &bin.dout, "backward of rung " + r.label() + " on " + s.str());
+  st.set_forward_outputs(bin.o, bin.lse);  // the oracle's, rounded as a forward in the dtype stores them
+  const BackwardArgs a = st.backward_args(io);
+  r.check(s, t, a);
+  r.backward(s, t, a);
+  return st.gradients();  // poisoned (NaN) before the call: an element left unwritten shows
+}
+
+// ---------------------------------------------------------------------------------------------
+BackwardRun::BackwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, uint64_t dout_seed)
+    : rung_(r), shape_(s), dtype_(t) {
+  r.check_supported(s, t, /*for_backward=*/true);
+  const std::vector<float> dout = random_normal(s.q_elems(), t, dout_seed);
+  st_ = std::make_unique<Staging>(r, s, t, in, &dout, "forward and backward of rung " + r.label() + " on " + s.str());
+  fa_ = st_->forward_args();
+  ba_ = st_->backward_args();
+  r.check(s, t, fa_);  // checked once here, not in the timed calls
+  r.check(s, t, ba_);
+}
+
+void BackwardRun::forward() {
+  rung_.forward(shape_, dtype_, fa_);
+  forward_done_ = true;
+}
+
+void BackwardRun::backward(IoCounter* io) {
+  BackwardArgs a = ba_;
   a.io = io;
-  if (r.backend() == Backend::Cpu) {
-    std::vector<unsigned char> ws(ws_bytes);
-    a.q = q.data(), a.k = k.data(), a.v = v.data(), a.o = o.data(), a.lse = bin.lse.data(), a.dout = dout.data();
-    a.dq = dq.data(), a.dk = dk.data(), a.dv = dv.data();
-    a.workspace = ws.empty() ? nullptr : ws.data();
-    r.check(s, t, a);
-    r.backward(s, t, a);
-  } else {
-    const std::size_t bytes = 5 * q.size() + 4 * k.size() + 4 * bin.lse.size() + ws_bytes;
-    gpu::require_memory(bytes, "backward of rung " + r.label() + " on " + s.str());
-    auto put = [](const void* host, std::size_t n) {
-      gpu::DeviceBuffer b(n);
-      b.upload(host, n);
-      return b;
-    };
-    gpu::DeviceBuffer q_d = put(q.data(), q.size()), k_d = put(k.data(), k.size()), v_d = put(v.data(), v.size()),
-                      o_d = put(o.data(), o.size()), do_d = put(dout.data(), dout.size()),
-                      l_d = put(bin.lse.data(), 4 * bin.lse.size()), gq(dq.size()), gk(dk.size()), gv(dv.size()),
-                      ws(ws_bytes);
-    gq.poison(), gk.poison(), gv.poison();
-    a.q = q_d.get(), a.k = k_d.get(), a.v = v_d.get(), a.o = o_d.get(), a.dout = do_d.get();
-    a.lse = static_cast<const float*>(l_d.get());
-    a.dq = gq.get(), a.dk = gk.get(), a.dv = gv.get(), a.workspace = ws.get();
-    r.check(s, t, a);
-    r.backward(s, t, a);
-    gpu::synchronize();
-    gq.download(dq.data(), dq.size()), gk.download(dk.data(), dk.size()), gv.download(dv.data(), dv.size());
-  }
-  return {from_storage(dq, t), from_storage(dk, t), from_storage(dv, t)};
+  rung_.backward(shape_, dtype_, a);
+}
+
+void BackwardRun::synchronize() const {
+  if (st_->on_gpu()) gpu::synchronize();
+}
+
+double BackwardRun::time_backward_ms(int warmup, int reps) {
+  if (!forward_done_) forward();
+  return st_->time_ms([&] { backward(); }, warmup, reps);
+}
+
+double BackwardRun::time_forward_backward_ms(int warmup, int reps) {
+  return st_->time_ms(
+      [&] {
+        forward();
+        backward();
+      },
+      warmup, reps);
+}
+
+std::vector<float> BackwardRun::random_normal(int64_t n, DType t, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01(0.f, 1.f);
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (auto& e : x) e = round_to(t, n01(rng));
+  return x;
 }
 
 std::string BackwardCheck::str() const {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,44 @@ std::vector<float> from_storage(const std::vector<unsigned char>& bytes, DType t
 struct ForwardOutputs {
   std::vector<float> o;    // [B, H, Nq, d]
   std::vector<float> lse;  // [B, H, Nq]
+};
+
+struct BackwardInputs;
+struct BackwardOutputs;
+
+// ---- Staging: the one place a rung's arrays are put where it runs ---------------------------------
+// Every array a forward (and, when asked, a backward) of one rung on one problem reads and writes,
+// in the call's dtype, in host memory for a CPU twin or device memory for a GPU rung (free device
+// memory checked before anything is allocated: gpu::OutOfMemory, naming `what`), and the argument
+// structs that point at them. ForwardRun, run_backward and BackwardRun are built on it.
+class Staging {
+ public:
+  // Q, K, V from `in`; O, lse and the forward's workspace; with `dout` (a backward), dO from it,
+  // dQ, dK, dV and the backward's workspace too.
+  Staging(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, const std::vector<float>* dout,
+          const std::string& what);
+  ~Staging();
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // The bytes of every array above where the rung runs (workspaces included).
+  static std::size_t bytes(const Rung& r, const AttentionShape& s, DType t, bool backward);
+
+  bool on_gpu() const;
+  ForwardArgs forward_args(IoCounter* io = nullptr) const;
+  BackwardArgs backward_args(IoCounter* io = nullptr) const;
+  void set_forward_outputs(const std::vector<float>& o, const std::vector<float>& lse);  // given O and lse
+  void poison_forward();   // NaN into O and lse
+  void poison_backward();  // NaN into dQ, dK, dV
+  ForwardOutputs forward_outputs() const;  // waits for the device, converts to fp32
+  BackwardOutputs gradients() const;
+  // Median milliseconds of `fn` over `reps` calls after `warmup`: CUDA events around each call
+  // with L2 flushed before it (outside the timed region) on the GPU, the host clock for a twin.
+  double time_ms(const std::function<void()>& fn, int warmup, int reps) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // One rung's inputs and outputs, allocated where it runs. GPU rungs: checks free device memory
@@ -116,6 +155,36 @@ struct BackwardOutputs {
 // rung), gradients poisoned (NaN) first; `io` counts a twin's traffic.
 BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
                              const BackwardInputs& bin, IoCounter* io = nullptr);
+
+// One rung's forward and backward on one problem, for timing, as in training: Q, K, V, a random dO
+// (drawn with `dout_seed`), and the O and lse of the rung's own forward (Staging). Correctness is
+// the oracle's business (oracle.hpp); this class only runs and times.
+class BackwardRun {
+ public:
+  BackwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, uint64_t dout_seed);
+  // All memory a forward and backward of this problem take where the rung runs.
+  static std::size_t device_bytes(const Rung& r, const AttentionShape& s, DType t) {
+    return Staging::bytes(r, s, t, /*backward=*/true);
+  }
+  void forward();
+  void backward(IoCounter* io = nullptr);
+  void synchronize() const;
+  // Median milliseconds of the backward alone (on the O and lse of one forward run first), and of
+  // a forward followed by a backward, one training step of the layer.
+  double time_backward_ms(int warmup, int reps);
+  double time_forward_backward_ms(int warmup, int reps);
+  // N(0, 1) values, exact in the dtype, from their own generator (dO).
+  static std::vector<float> random_normal(int64_t n, DType t, uint64_t seed);
+
+ private:
+  const Rung& rung_;
+  AttentionShape shape_;
+  DType dtype_;
+  std::unique_ptr<Staging> st_;
+  ForwardArgs fa_;
+  BackwardArgs ba_;
+  bool forward_done_ = false;
+};
 
 struct BackwardCheck {
   ErrorStats dq, dk, dv;
