@@ -14,6 +14,11 @@ endforeach()
 if(NOT DEFINED FILE)
   set(FILE "the file under test")
 endif()
+if(NOT EXISTS "${GRADER}")
+  get_filename_component(target "${GRADER}" NAME_WE)
+  message(FATAL_ERROR "lab ${LAB}: its grader ${GRADER} is not built (did the build fail?). "
+                      "Build it with: cmake --build <build folder> --target ${target}")
+endif()
 
 execute_process(COMMAND "${GRADER}" "--gtest_filter=${FILTER}" --gtest_color=no
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
