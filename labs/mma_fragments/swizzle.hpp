@@ -3,7 +3,7 @@
 // The swizzled shared-memory tile that rung 06 introduces (v4) and rung 07 reuses, and the address
 // arithmetic of rung 06's v8: the part of an ldmatrix or cp.async address that depends on the lane
 // is worked out once per thread, before the main loop, so that inside the loop each load is one
-// instruction with a compile-time offset (docs/06_tensor_core_mma.md, "v8"). Host and device:
+// instruction with a compile-time offset (docs/appendix/06_tensor_core_mma.md, "v8, addresses worked out once"). Host and device:
 // tests/test_06_tensor_core_mma.cpp checks every function here against swz on the CPU.
 //
 // The layout: a tile of rows × LD 16-bit values, row-major, cut into 16-byte chunks (8 values).
@@ -38,7 +38,7 @@ FL_HOST_DEVICE constexpr int swz(int row, int col) {
 // plus the tile's address and a compile-time offset, once the loops are unrolled. The XOR may go
 // on the lane offset alone because the tile starts on a 128-byte boundary (every row is a multiple
 // of 128 bytes, so bits 5-6 of any row's start are zero); then the tile's part can stay in a
-// uniform register (docs/07, "Two-dimensional warp tiles").
+// uniform register (docs/appendix/07_backward_recompute.md, "Two-dimensional warp tiles").
 template <int LD>
 struct LaneRow {
   uint32_t off;  // bytes from the tile's start to this lane's row address for the piece at (0, 0)
@@ -49,8 +49,8 @@ struct LaneRow {
   }
   // The pattern moved to the piece at (r0, c0), for a warp whose pieces all lie past it: at(tile,
   // r, c) of the result is at(tile, r0 + r, c0 + c) of this one. Folding a warp's own first row
-  // and column in once leaves one register per address and nothing to add per ldmatrix (docs/07,
-  // "One register per address"). Exact when r0 % 8 == 0 and, within a group of 64 columns, the
+  // and column in once leaves one register per address and nothing to add per ldmatrix
+  // (docs/appendix/07_backward_recompute.md, "One register per address"). Exact when r0 % 8 == 0 and, within a group of 64 columns, the
   // 16-column steps of c0 and of every later c have no bit in common (so XOR is addition):
   // c0 % 64 == 0, or e.g. c0 % 64 == 32 with c % 64 < 32.
   FL_HOST_DEVICE LaneRow moved(int r0, int c0) const {
