@@ -46,12 +46,12 @@ namespace fs = std::filesystem;
 
 const fs::path kRoot{FL_SOURCE_DIR};
 
-const std::vector<std::string> kRepoDirs = {"common/",  "steps/",   "tests/",  "bench/", "capi/",
-                                            "docs/",    "scripts/", "cmake/",  ".ci/"};
+const std::vector<std::string> kRepoDirs = {"common/", "steps/",  "tests/", "bench/", "capi/",
+                                            "docs/",   "scripts/", "cmake/", ".ci/",   "labs/"};
 const std::vector<std::string> kFileExts = {".cpp", ".cu",  ".hpp", ".cuh", ".h",   ".py",
                                             ".sh",  ".md",  ".txt", ".json", ".cmake"};
 // Where a symbol named in the docs must be defined or used.
-const std::vector<std::string> kSourceDirs = {"common", "steps", "tests", "bench", "capi", "cmake"};
+const std::vector<std::string> kSourceDirs = {"common", "steps", "tests", "bench", "capi", "cmake", "labs"};
 const std::vector<std::string> kSourceExts = {".cpp", ".cu", ".hpp", ".cuh", ".h",
                                               ".py",  ".sh", ".txt", ".cmake"};
 
