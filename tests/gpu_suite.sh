@@ -32,6 +32,9 @@
 #                      libbenchmark1debian) unpacked into a private prefix before configuring, for a
 #                      machine that has no C++ packages and no network (default: .deps)
 #   FL_TORCH_DTYPES    dtypes for compare_torch.py (default fp32,bf16)
+#   FL_TORCH_RUNGS     rungs for compare_torch.py, its --rungs (default: every rung in the library)
+#   FL_TORCH_PEERS     SDPA backends for compare_torch.py, its --peers (default: all four)
+#   FL_TORCH_MEMORY    0: leave out compare_torch.py's memory sweep (default: run it)
 #   FL_BUILD_DIR       build folder (default build-hopper, the hopper preset's)
 #   FL_KEEP_OBJECTS    set: keep compiled CUDA objects (ptxas.log then covers only what changed)
 #   FL_STAGES          comma list of the stages to run (default: all). Configure and build always
@@ -316,7 +319,9 @@ bench_sweep() {
 torch_compare() {
   # --memory-sweep runs first (a minute or less) and writes its rows into the same torch.json.
   python3 "$REPO/bench/compare_torch.py" --lib "$BUILD/capi/libflash_ladder.so" \
-    --dtype "${FL_TORCH_DTYPES:-fp32,bf16}" --memory-sweep --json "$OUT/torch.json" --time-limit "$1"
+    --dtype "${FL_TORCH_DTYPES:-fp32,bf16}" ${FL_TORCH_RUNGS:+--rungs "$FL_TORCH_RUNGS"} \
+    ${FL_TORCH_PEERS:+--peers "$FL_TORCH_PEERS"} $([[ ${FL_TORCH_MEMORY:-1} == 0 ]] || echo --memory-sweep) \
+    --json "$OUT/torch.json" --time-limit "$1"
 }
 
 export REPO BUILD OUT TMP JOBS BUDGET LOG

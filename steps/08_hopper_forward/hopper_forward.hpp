@@ -8,6 +8,8 @@
 //   v1_wgmma     the two products as wgmma: S = Q·Kᵀ from shared memory (both operands by
 //                descriptor), O += P·V with P from registers; two warpgroups of 64 query rows;
 //                K/V by cp.async into two buffers, as rung 06's v9.
+//   v2_overlap   the softmax of block j runs while the tensor cores do P·V of block j − 1: S_j
+//                and P_{j−1} V_{j−1} issued together, waited for one at a time; three K/V buffers.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -20,7 +22,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma };
+enum class Version { V1Wgmma, V2Overlap };
 
 struct VersionInfo {
   Version version;
@@ -31,9 +33,11 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V1Wgmma, "08_hopper_forward/v1_wgmma",
      "warpgroup MMA (sm_90a): S = Q*K^T with both operands read from shared memory by descriptor, "
      "O += P*V with P in registers; two warpgroups of 64 query rows"},
+    {Version::V2Overlap, "08_hopper_forward/v2_overlap",
+     "v1 + the softmax of block j while the tensor cores do P*V of block j-1 (wgmma left in flight)"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V1Wgmma) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V2Overlap) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two warpgroups of 64 rows, 128 keys.
