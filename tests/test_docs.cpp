@@ -537,6 +537,79 @@ TEST(DocsChecker, ChapterShapeIsChecked) {
   EXPECT_EQ(p.size(), 6u) << listing(p);  // The code after The idea, What changed, The numbers; links
 }
 
+// ---- Numbers in prose ------------------------------------------------------------------------------
+//
+// A paragraph that says which run it quotes (a GPU and a date, "H100, 2026-11-21") states numbers
+// of that run, and they must be the numbers the results JSON gave: each number with a unit of time,
+// speed or size (ms, TFLOP/s, GB/s, MiB, GiB, ×) must stand in a table bench/report.py wrote from
+// docs/results/ (a block between its markers, on any page). A number marked as derived or
+// approximate ("about", "~", "≈", "at least", "at most" just before it) is exempt. This is how a
+// chapter's prose cannot go on quoting a run its tables no longer show.
+
+std::set<std::string> generated_numbers() {
+  static const std::regex block(R"(<!-- (results:\w+|gpu-table):begin -->([\s\S]*?)<!-- \1:end -->)");
+  static const std::regex number(R"(\d+(?:\.\d+)?)");
+  std::set<std::string> out;
+  for (const fs::path& p : pages()) {
+    const std::string text = read_file(p);
+    for (auto b = std::sregex_iterator(text.begin(), text.end(), block); b != std::sregex_iterator(); ++b) {
+      const std::string body = (*b)[2].str();
+      for (auto n = std::sregex_iterator(body.begin(), body.end(), number); n != std::sregex_iterator(); ++n)
+        out.insert(n->str());
+    }
+  }
+  return out;
+}
+
+// The stamped numbers of one page that no generated table holds.
+std::vector<std::string> unbacked_numbers(const std::string& page, const std::string& text,
+                                          const std::set<std::string>& known) {
+  static const std::regex block(R"(<!-- (results:\w+|gpu-table):begin -->[\s\S]*?<!-- \1:end -->)");
+  static const std::regex fence(R"(```[\s\S]*?```)");
+  static const std::regex stamp(R"((H100|H200)[^)\n]{0,60}20\d\d-\d\d-\d\d)");
+  static const std::regex quantity(R"((\d+(?:\.\d+)?)\s?(×|x\b| ms\b| TFLOP/s| GB/s| MiB| GiB))");
+  static const std::regex hedge(R"((about|~|≈|at least|at most)\s*(\d+(\.\d+)?\s?(–|-)\s?)?$)");  // "~0.5–0.7×" too
+  const std::string prose = std::regex_replace(std::regex_replace(text, block, ""), fence, "");
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start < prose.size()) {
+    std::size_t end = prose.find("\n\n", start);
+    if (end == std::string::npos) end = prose.size();
+    const std::string para = prose.substr(start, end - start);
+    start = end + 2;
+    if (!std::regex_search(para, stamp)) continue;
+    for (auto m = std::sregex_iterator(para.begin(), para.end(), quantity); m != std::sregex_iterator(); ++m) {
+      const std::string before = para.substr(std::size_t(std::max<std::ptrdiff_t>(0, m->position() - 20)),
+                                             std::size_t(std::min<std::ptrdiff_t>(20, m->position())));
+      if (std::regex_search(before, hedge)) continue;
+      if (!known.count((*m)[1].str())) out.push_back(page + ": '" + m->str() + "' is in no table of the results");
+    }
+  }
+  return out;
+}
+
+TEST(Docs, StampedNumbersComeFromTheResults) {
+  const std::set<std::string> known = generated_numbers();
+  std::vector<std::string> bad;
+  for (const fs::path& p : pages()) {
+    const auto b = unbacked_numbers(fs::relative(p, kRoot).generic_string(), read_file(p), known);
+    bad.insert(bad.end(), b.begin(), b.end());
+  }
+  EXPECT_TRUE(bad.empty()) << listing(bad);
+}
+
+TEST(DocsChecker, StampedNumbersAreChecked) {
+  const std::set<std::string> known = {"2.35", "60.6", "25.8"};
+  const std::string page =
+      "Outcome (H100, 2026-11-21): 2.35 ms against 60.6 ms, 25.8× faster.\n\n"
+      "Outcome (H100, 2026-11-21): 2.37 ms, about 3.1× the rest, 9.9 TFLOP/s.\n\n"
+      "No stamp: 1.23 ms.\n";
+  const auto bad = unbacked_numbers("x.md", page, known);
+  ASSERT_EQ(bad.size(), 2u) << listing(bad);
+  EXPECT_NE(bad[0].find("2.37 ms"), std::string::npos);
+  EXPECT_NE(bad[1].find("9.9 TFLOP/s"), std::string::npos);
+}
+
 // ---- Diffs: a chapter's promise of a one-idea diff is kept ------------------------------------
 //
 // A chapter gives each diff it asks the student to run as one line in a fenced code block,

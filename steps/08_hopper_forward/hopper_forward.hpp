@@ -10,6 +10,8 @@
 //                K/V by cp.async into two buffers, as rung 06's v9.
 //   v2_overlap   the softmax of block j runs while the tensor cores do P·V of block j − 1: S_j
 //                and P_{j−1} V_{j−1} issued together, waited for one at a time; three K/V buffers.
+//   v3_tma       the tiles copied by the tensor memory accelerator, one thread's instruction a
+//                panel, completing on mbarriers; no block-wide barrier left in the loop.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -22,7 +24,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap };
+enum class Version { V1Wgmma, V2Overlap, V3Tma };
 
 struct VersionInfo {
   Version version;
@@ -35,9 +37,11 @@ inline constexpr VersionInfo kVersions[] = {
      "O += P*V with P in registers; two warpgroups of 64 query rows"},
     {Version::V2Overlap, "08_hopper_forward/v2_overlap",
      "v1 + the softmax of block j while the tensor cores do P*V of block j-1 (wgmma left in flight)"},
+    {Version::V3Tma, "08_hopper_forward/v3_tma",
+     "v2 + tiles copied by TMA (one thread, one instruction a panel) completing on mbarriers, no block barrier"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V2Overlap) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V3Tma) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two warpgroups of 64 rows, 128 keys.
