@@ -12,6 +12,8 @@
 //                and P_{j−1} V_{j−1} issued together, waited for one at a time; three K/V buffers.
 //   v3_tma       the tiles copied by the tensor memory accelerator, one thread's instruction a
 //                panel, completing on mbarriers; no block-wide barrier left in the loop.
+//   v4_warp_specialized  a producer warpgroup issues the copies, two consumer warpgroups only
+//                multiply; registers moved from the one to the others with setmaxnreg.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -24,7 +26,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized };
 
 struct VersionInfo {
   Version version;
@@ -39,9 +41,11 @@ inline constexpr VersionInfo kVersions[] = {
      "v1 + the softmax of block j while the tensor cores do P*V of block j-1 (wgmma left in flight)"},
     {Version::V3Tma, "08_hopper_forward/v3_tma",
      "v2 + tiles copied by TMA (one thread, one instruction a panel) completing on mbarriers, no block barrier"},
+    {Version::V4WarpSpecialized, "08_hopper_forward/v4_warp_specialized",
+     "v3 + a producer warpgroup for the copies, two consumer warpgroups; registers moved with setmaxnreg"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V3Tma) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V4WarpSpecialized) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two warpgroups of 64 rows, 128 keys.
