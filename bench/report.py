@@ -49,7 +49,7 @@ from collections import OrderedDict
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("ladder", "bench", "torch", "memory", "io")
 # Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
-BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary")
+BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 
 # The one ratio convention of every table: speed relative to a peer, the peer's time over ours.
@@ -662,6 +662,41 @@ def ladder_summary_part(rows: list[dict], n: int = 4096, d: int = 64) -> str:
                       % (torch_header(rows), RATIOS)] + out)
 
 
+def probes_part(probes: list, rung: str) -> str:
+    """The one-process comparisons made while a rung's versions were built (probes.json: a list of
+    runs, each {"name", "what", "rows": compare_torch.py rows}): per run, TFLOP/s of each kernel on
+    each shape, so that a chapter's prediction-and-outcome notes quote numbers a table holds."""
+    out = []
+    for i, run in enumerate(probes):
+        rows = [r for r in run.get("rows", []) if r.get("ms")]
+        if not any(in_rung(rung_of(r), rung) for r in rows):
+            continue
+        kernels: list = []
+        shapes: list = []
+        for r in rows:
+            if r["name"] not in kernels:
+                kernels.append(r["name"])
+            if r["shape"] not in shapes:
+                shapes.append(r["shape"])
+        kernels.sort(key=kernel_key)
+        cell = {(r["shape"], r["name"]): r for r in rows}
+        label = lambda k: k.split(" (")[0].replace(rung + "/", "") if not k.startswith("sdpa_") else \
+            dict(SDPA).get(k[5:], k) + " (SDPA)"
+        newest = max((k for k in kernels if in_rung(k.split(" (")[0], rung)), key=kernel_key)
+        others = [k for k in kernels if k != newest]
+        body = []
+        for sh in shapes:
+            ms = lambda k: cell[(sh, k)]["ms"] if (sh, k) in cell else None
+            body.append([sh] + [sig3(cell[(sh, k)].get("tflops")) if (sh, k) in cell else "-" for k in kernels] +
+                        [speed(ms(k), ms(newest)) for k in others])
+        out += ["", "Run %d, %s (%s), %s, %s: TFLOP/s of each kernel, then %s's speed relative to each of the "
+                "others (their time over its)." % (i + 1, run.get("name", "?"), run.get("what", ""), torch_header(rows),
+                                                   rows[0].get("dtype", "?"), label(newest)), ""]
+        out += table(["shape"] + [label(k) for k in kernels] + ["%s x %s" % (label(newest), label(k)) for k in others],
+                     body, [False] + [True] * (len(kernels) + len(others)))
+    return "\n".join(out).strip("\n")
+
+
 def memory_part(rows: list[dict], rung: str, figure: str | None) -> str:
     """The memory sweep (compare_torch.py --memory-sweep): for each N, the extra device memory of a
     forward+backward of each of the rung's versions that ran it and of standard attention (SDPA
@@ -823,6 +858,7 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
     bench_doc = read_json(os.path.join(results, "bench.json"))
     torch_doc = read_json(os.path.join(results, "torch.json"))
     io_doc = read_json(os.path.join(results, "io.json"))
+    probes_doc = read_json(os.path.join(results, "probes.json"))
     runs, records, trows = ladder_runs(ladder_doc), bench_records(bench_doc), torch_rows(torch_doc)
 
     def fresh_for(rung, page):
@@ -832,6 +868,8 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
             step, kind = rung.split("__", 1)
             if kind == "bwd_torch":
                 return {"torch": backward_torch_part(trows, step) if torch_doc is not None else None}
+            if kind == "probes":
+                return {"torch": probes_part(probes_doc, step) if isinstance(probes_doc, list) else None}
             if kind in ("summary", "bwd_summary"):
                 ph = "fwd" if kind == "summary" else "bwd"
                 return {"torch": summary_part(trows, step, ph) if torch_doc is not None else None}
