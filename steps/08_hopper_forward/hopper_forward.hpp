@@ -14,8 +14,6 @@
 //                panel, completing on mbarriers; no block-wide barrier left in the loop.
 //   v4_warp_specialized  a producer warpgroup issues the copies, two consumer warpgroups only
 //                multiply; registers moved from the one to the others with setmaxnreg.
-//   v5_pingpong  the two consumers take turns at the tensor cores (named barriers), so one's
-//                softmax runs under the other's products.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -28,7 +26,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Pingpong };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized };
 
 struct VersionInfo {
   Version version;
@@ -45,11 +43,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v2 + tiles copied by TMA (one thread, one instruction a panel) completing on mbarriers, no block barrier"},
     {Version::V4WarpSpecialized, "08_hopper_forward/v4_warp_specialized",
      "v3 + a producer warpgroup for the copies, two consumer warpgroups; registers moved with setmaxnreg"},
-    {Version::V5Pingpong, "08_hopper_forward/v5_pingpong",
-     "v4 + the two consumers take turns at the tensor cores: one's softmax under the other's products"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V5Pingpong) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V4WarpSpecialized) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two warpgroups of 64 rows, 128 keys.
