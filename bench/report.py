@@ -327,6 +327,9 @@ def torch_header(rows: list[dict]) -> str:
 
 def ladder_rows_table(run: dict, rows: list[dict], with_rung: bool) -> list[str]:
     notes = Notes()
+    # A rung that does not take the problem's dtype, head dim or mask is one note, not a row.
+    not_taken = [r for r in rows if r.get("status") == "skipped" and "does not run" in str(r.get("note", ""))]
+    rows = [r for r in rows if r not in not_taken]
     head = (["rung"] if with_rung else []) + ["device", "dtype", "time (ms)", "TFLOP/s", "speed-up",
                                               "modelled IO", "extra memory", "rel err O", "check"]
     right = ([False] if with_rung else []) + [False, False, True, True, True, True, True, True, False]
@@ -342,7 +345,11 @@ def ladder_rows_table(run: dict, rows: list[dict], with_rung: bool) -> list[str]
             r.get("device", "?"), r.get("dtype", "?"), sig3(r.get("time_ms")), sig3(r.get("tflops")),
             sig3(speed) + "x" if speed is not None else "-", describe_bytes(r.get("modelled_bytes")),
             describe_bytes(r.get("extra_bytes")), err, check])
-    return table(head, body, right) + notes.lines()
+    out = table(head, body, right) + notes.lines()
+    if not_taken:
+        out += ["", "Not run (a dtype, head dim or mask the rung does not take): " +
+                ", ".join(dict.fromkeys(str(r.get("rung", "?")) for r in not_taken)) + "."]
+    return out
 
 
 def ladder_part(runs: list[dict], rung: str | None) -> str:
