@@ -319,7 +319,17 @@ def torch_header(rows: list[dict]) -> str:
     extra = []
     if meta.get("torch"):
         extra.append("PyTorch " + meta["torch"] + (" (CUDA %s)" % meta["torch_cuda"] if meta.get("torch_cuda") else ""))
-    return "on %s, %s%s, by `%s`" % (meta.get("device", "an unknown device"), day(meta.get("date")),
+    # Rows of several runs (a file merged from two, as docs/results/README.md says): each day with
+    # the dtypes it measured.
+    days: "OrderedDict[str, list]" = OrderedDict()
+    for r in rows:
+        if r.get("date") and r.get("kind") in ("rung", "sdpa"):
+            days.setdefault(day(r["date"]), [])
+            if r.get("dtype") and r["dtype"] not in days[day(r["date"])]:
+                days[day(r["date"])].append(r["dtype"])
+    when = day(meta.get("date")) if len(days) <= 1 else \
+        " and ".join("%s rows of %s" % ("/".join(sorted(t, key=dtype_key)), d) for d, t in days.items())
+    return "on %s, %s%s, by `%s`" % (meta.get("device", "an unknown device"), when,
                                      ", " + ", ".join(extra) if extra else "", torch_command(rows))
 
 
@@ -579,6 +589,7 @@ def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dt
     cells = {}  # (name, d) -> ms, tflops
     peers = {}  # (peer, d) -> ms
     device = ""
+    shown = []
     for r in rows:
         if r.get("kind") not in ("rung", "sdpa") or phase(r) != ph or r.get("dtype") != dtype or not r.get("ms"):
             continue
@@ -587,10 +598,13 @@ def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dt
             continue
         if r["kind"] == "sdpa":
             peers[(r["name"][len("sdpa_"):], d)] = r["ms"]
+            shown.append(r)
         elif in_rung(rung_of(r), rung):
             cells[(rung_of(r), d)] = (r["ms"], r.get("tflops"))
             device = r.get("device", device)
-    names = sorted({k[0] for k in cells}, key=kernel_key)
+            shown.append(r)
+    # Versions in order; a name that stands for one of them ("mma") last, compared with none.
+    names = sorted({k[0] for k in cells}, key=lambda n: (n.endswith("/mma"), kernel_key(n)))
     if not names:
         return ""
     peak = peak_of(device, dtype)
@@ -606,10 +620,10 @@ def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dt
             row += [sig3(tf)] + (["%.0f %%" % (100 * tf / peak) if tf and peak else "-"] if peak else [])
             row += [speed(pms, ms), speed(peers.get(("flash", d)), ms), speed(peers.get(("cudnn", d)), ms)]
         body.append(row)
-        prev = name
+        prev = name if not name.endswith("/mma") else prev
     what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[ph]
     out = ["The %s in one run %s: %s, B x H x N = %d x 16 x %d, not causal. %s%s" % (
-        what, torch_header(rows), dtype, 16384 // n, n, RATIOS,
+        what, torch_header(shown), dtype, 16384 // n, n, RATIOS,
         (" %% of peak is of the GPU's dense %s tensor-core peak, %.0f TFLOP/s (datasheet)." % (dtype, peak))
         if peak else ""), ""]
     out += table(head, body, [False] + [True] * (len(head) - 1))
@@ -658,15 +672,15 @@ def ladder_summary_part(rows: list[dict], n: int = 4096, d: int = 64) -> str:
             row += [speed(peers.get((dtype, p)), r["ms"]) for p, _ in SDPA]
             body.append(row)
             prev = r.get("tflops")
-        out += ["", "**%s**, %s, H = 16, N = %d, d = %d, not causal:" % (what, device or "?", n, d), ""]
+        shown = list(best.values()) + [r for r in rows if r.get("kind") == "sdpa" and phase(r) == ph and shape_ok(r)]
+        out += ["", "**%s**, %s, H = 16, N = %d, d = %d, not causal:" % (what, torch_header(shown), n, d), ""]
         out += table(["rung", "dtype", "fastest version", "TFLOP/s", "x row above"] + ["x " + nm for _, nm in SDPA],
                      body, [False, False, False, True, True] + [True] * len(SDPA))
     if not out:
         return ""
-    return "\n".join(["One run %s. %s A rung runs in fp32 (00-05, 07's first version) or in 16 bits "
-                      "on the tensor cores; PyTorch's backends are compared in the same dtype. '-' where "
-                      "a backend does not run that dtype. Every shape is in [the results](docs/results.md)."
-                      % (torch_header(rows), RATIOS)] + out)
+    return "\n".join(["%s A rung runs in fp32 (00-05, 07's first version) or in 16 bits on the tensor "
+                      "cores; PyTorch's backends are compared in the same dtype and run. '-' where a backend "
+                      "does not run that dtype. Every shape is in [the results](docs/results.md)." % RATIOS] + out)
 
 
 def probes_part(probes: list, rung: str) -> str:
