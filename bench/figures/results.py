@@ -37,10 +37,11 @@ PEAKS = {
 }
 
 RUNG_COLORS = {"00": "#7f7f7f", "01": "#bcbd22", "02": "#17becf", "03": "#9467bd", "04": "#d62728", "05": "#ff7f0e",
-               "06": "#2ca02c", "07": "#1f77b4"}
+               "06": "#2ca02c", "07": "#1f77b4", "08": "#8c564b"}
 SHORT = {"00_naive_eigen": "00 naive", "01_safe_softmax": "01 safe softmax", "02_online_softmax": "02 online softmax",
          "03_block_matmul": "03 block matmul", "04_fa1_loop_order": "04 FA1 order", "05_fa2_loop_order": "05 FA2 order",
-         "06_tensor_core_mma": "06 tensor cores", "07_backward_recompute": "07 backward"}
+         "06_tensor_core_mma": "06 tensor cores", "07_backward_recompute": "07 backward",
+         "08_hopper_forward": "08 Hopper forward"}
 
 
 def peaks_for(device):
@@ -206,6 +207,7 @@ def bars(rows, out):
                      "05_fa2_loop_order"):
             fwd.append((rung, pick(rung, "fp32", "fwd", 1)))
         fwd.append(("06_tensor_core_mma", pick("06_tensor_core_mma/", "bf16", "fwd", 4)))
+        fwd.append(("08_hopper_forward", pick("08_hopper_forward/", "bf16", "fwd", 4)))
         bwd = [("07_backward_recompute", pick("07_backward_recompute", "fp32", "bwd", 1)),
                ("07_backward_recompute/mma", pick("07_backward_recompute/mma", "bf16", "bwd", 4))]
         if not any(r for _, r in fwd):
@@ -215,7 +217,8 @@ def bars(rows, out):
         refs_b = {k: pick(k, d, "bwd", b) for k, d, b in (("sdpa_flash", "bf16", 4), ("sdpa_cudnn", "bf16", 4),
                                                            ("sdpa_efficient", "fp32", 1))}
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 6.2), gridspec_kw=dict(width_ratios=[3.2, 1.5]))
-        date = str(next((r.get("date") for r in rs if r.get("date")), ""))[:10]
+        days = sorted({str(r.get("date"))[:10] for r in rs if r.get("date") and r.get("kind") in ("rung", "sdpa")})
+        date = " and ".join(days)  # a file merged from several runs names each day
 
         def draw(ax, items, refs, title):
             names, vals, colors, labels = [], [], [], []
@@ -228,7 +231,7 @@ def bars(rows, out):
                     short += "\n(tensor cores)"
                 elif rung.startswith("07"):
                     short += "\n(fp32)"
-                if "/" in version and rung.startswith("06"):
+                if "/" in version and rung[:2] in ("06", "08"):
                     short += "\n(" + version.split("/")[1] + ")"
                 names.append(short)
                 vals.append(r["tflops"])

@@ -1,5 +1,5 @@
 // LAB backward_ds (docs/labs.md): fill in the TODO(lab) lines, then grade:
-// ctest -L lab_backward_ds (from build/).
+// ctest -L lab_backward_ds (from build-cpu/, or build/ with the GPU rungs; docs/labs.md).
 // Rung 07, CPU twin: FlashAttention-2's backward with Eigen blocks, every block counted, in the
 // precision of either kernel.
 #include "backward_recompute.hpp"

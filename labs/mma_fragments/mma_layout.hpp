@@ -1,5 +1,5 @@
 // LAB mma_fragments (docs/labs.md), part 1 of 2 (part 2: swizzle.hpp's a_pattern, b_pattern):
-// fill in the TODO(lab) lines, then grade: ctest -L lab_mma_fragments (from build/). No GPU needed.
+// fill in the TODO(lab) lines, then grade: ctest -L lab_mma_fragments (from build-cpu/, or build/ with the GPU rungs; docs/labs.md). No GPU needed.
 // Which lane of a warp holds which element of an mma.sync.m16n8k16 tile (fp16/bf16 inputs, fp32
 // accumulators), from the PTX ISA's "Matrix Fragments for mma.m16n8k16". The kernel indexes its
 // fragments through these functions and tests/test_06_tensor_core_mma.cpp checks them on the CPU
