@@ -692,6 +692,8 @@ def probes_part(probes: list, rung: str) -> str:
         rows = [r for r in run.get("rows", []) if r.get("ms")]
         if not any(in_rung(rung_of(r), rung) for r in rows):
             continue
+        if len({r.get("dtype") for r in rows}) > 1:  # a run of several dtypes: a row per shape and dtype
+            rows = [dict(r, shape="%s %s" % (r["shape"], r.get("dtype"))) for r in rows]
         kernels: list = []
         shapes: list = []
         for r in rows:
@@ -710,9 +712,10 @@ def probes_part(probes: list, rung: str) -> str:
             ms = lambda k: cell[(sh, k)]["ms"] if (sh, k) in cell else None
             body.append([sh] + [sig3(cell[(sh, k)].get("tflops")) if (sh, k) in cell else "-" for k in kernels] +
                         [speed(ms(k), ms(newest)) for k in others])
+        dtypes = "/".join(sorted({r.get("dtype", "?") for r in rows}, key=dtype_key))
         out += ["", "Run %d, %s (%s), %s, %s: TFLOP/s of each kernel, then %s's speed relative to each of the "
                 "others (their time over its)." % (i + 1, run.get("name", "?"), run.get("what", ""), torch_header(rows),
-                                                   rows[0].get("dtype", "?"), label(newest)), ""]
+                                                   dtypes, label(newest)), ""]
         out += table(["shape"] + [label(k) for k in kernels] + ["%s x %s" % (label(newest), label(k)) for k in others],
                      body, [False] + [True] * (len(kernels) + len(others)))
     return "\n".join(out).strip("\n")

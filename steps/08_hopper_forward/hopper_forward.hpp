@@ -14,7 +14,6 @@
 //                panel, completing on mbarriers; no block-wide barrier left in the loop.
 //   v4_warp_specialized  a producer warpgroup issues the copies, two consumer warpgroups only
 //                multiply; registers moved from the one to the others with setmaxnreg.
-//   v5_tall      at d = 64, 192 query rows per block: three consumer warpgroups.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -27,7 +26,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Tall };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized };
 
 struct VersionInfo {
   Version version;
@@ -44,18 +43,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v2 + tiles copied by TMA (one thread, one instruction a panel) completing on mbarriers, no block barrier"},
     {Version::V4WarpSpecialized, "08_hopper_forward/v4_warp_specialized",
      "v3 + a producer warpgroup for the copies, two consumer warpgroups; registers moved with setmaxnreg"},
-    {Version::V5Tall, "08_hopper_forward/v5_tall",
-     "v4 + 192 query rows per block at d=64: three consumer warpgroups, a third less K/V traffic per row"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V5Tall) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V4WarpSpecialized) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
-// consumer warpgroups of 64 rows each (two; three at d = 64 from v5), 128 keys.
-constexpr tensor_core_mma::Tiling tiling(Version v, int64_t d) {
-  if (v >= Version::V5Tall && d == 64) return {192, 128, 12, 1};
-  return {128, 128, 8, 1};
-}
+// two consumer warpgroups of 64 rows each, 128 keys.
+constexpr tensor_core_mma::Tiling tiling(Version, int64_t) { return {128, 128, 8, 1}; }
 
 inline Capabilities capabilities() {
   Capabilities c;
