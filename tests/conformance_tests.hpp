@@ -8,10 +8,28 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "rung_testing.hpp"
 
 namespace fl::testing {
+
+// The registered names of one rung, in order: its directory name and every version
+// ("06_tensor_core_mma/v1_mma"), for
+//     INSTANTIATE_TEST_SUITE_P(Rung06, RungConformance, ::testing::ValuesIn(rung_names("06_tensor_core_mma")),
+//                              version_label);
+// (gtest evaluates the list in main, after every rung has registered itself.)
+inline std::vector<std::string> rung_names(const std::string& step) {
+  std::vector<std::string> out;
+  for (const std::string& n : Registry::instance().names())
+    if (n.substr(0, n.find('/')) == step) out.push_back(n);
+  return out;
+}
+// A test name for a rung's name: the version ("v1_mma"), or "base" for the directory name itself.
+inline std::string version_label(const ::testing::TestParamInfo<std::string>& p) {
+  const auto slash = p.param.find('/');
+  return slash == std::string::npos ? std::string("base") : p.param.substr(slash + 1);
+}
 
 class RungConformance : public ::testing::TestWithParam<std::string> {
  protected:

@@ -14,15 +14,8 @@ namespace fl::testing {
 namespace {
 
 // Every version, each on its own: the road to speed must stay correct at every step.
-std::vector<std::string> version_names() {
-  std::vector<std::string> names;
-  for (const tensor_core_mma::VersionInfo& v : tensor_core_mma::kVersions) names.emplace_back(v.name);
-  return names;
-}
-INSTANTIATE_TEST_SUITE_P(Rung06, RungConformance, ::testing::ValuesIn(version_names()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           return p.param.substr(p.param.find('/') + 1);  // "v1_mma", a valid test name
-                         });
+INSTANTIATE_TEST_SUITE_P(Rung06, RungConformance, ::testing::ValuesIn(rung_names("06_tensor_core_mma")),
+                         version_label);
 
 // Every element of the tile is held by exactly one (lane, element) pair.
 template <class F>

@@ -16,16 +16,8 @@ namespace fl::testing {
 namespace {
 
 // Every version, each on its own (the fp32 one, v1..v5 and the `mma` name for the fastest).
-std::vector<std::string> version_names() {
-  std::vector<std::string> names;
-  for (const backward::VersionInfo& v : backward::kVersions) names.emplace_back(v.name);
-  return names;
-}
-INSTANTIATE_TEST_SUITE_P(Rung07, RungConformance, ::testing::ValuesIn(version_names()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           const auto slash = p.param.find('/');  // "v1_mma"; the fp32 version "fp32"
-                           return slash == std::string::npos ? std::string("fp32") : p.param.substr(slash + 1);
-                         });
+INSTANTIATE_TEST_SUITE_P(Rung07, RungConformance, ::testing::ValuesIn(rung_names("07_backward_recompute")),
+                         version_label);
 
 const Rung& twin(const char* name = backward::kName) {
   const Rung* r = Registry::instance().find(name, Backend::Cpu);

@@ -11,15 +11,8 @@
 namespace fl::testing {
 namespace {
 
-std::vector<std::string> version_names() {
-  std::vector<std::string> names;
-  for (const hopper::VersionInfo& v : hopper::kVersions) names.emplace_back(v.name);
-  return names;
-}
-INSTANTIATE_TEST_SUITE_P(Rung08, RungConformance, ::testing::ValuesIn(version_names()),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           return p.param.substr(p.param.find('/') + 1);
-                         });
+std::vector<std::string> version_names() { return rung_names("08_hopper_forward"); }
+INSTANTIATE_TEST_SUITE_P(Rung08, RungConformance, ::testing::ValuesIn(version_names()), version_label);
 
 // On a machine where the kernels cannot run, every check refuses with what the rung needs; where
 // they can, nothing is refused for that reason.
