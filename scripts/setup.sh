@@ -317,8 +317,8 @@ fl_build() {
     if [ -n "$FL_ARCHS" ]; then
       local n
       if [ "$FL_ARCHS" = native ]; then n=1; else n=$(echo "$FL_ARCHS" | wc -w); fi
-      # Measured: 6 min for 4 architectures on 2 cores, most of it tensor_core_mma.cu and
-      # backward_mma.cu, each compiled once per architecture.
+      # Measured: 6 min for 4 architectures on 2 cores, most of it the tensor-core rungs' kernel files (before they were split
+      # into version files), each compiled once per architecture.
       local min=$(( (n * 3 + cores - 1) / cores ))
       fl_say "building: the first build compiles $n GPU architecture$([ "$n" -gt 1 ] && echo s) ($FL_ARCHS); ~$min min on $cores cores"
     else

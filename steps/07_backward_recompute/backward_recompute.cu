@@ -5,7 +5,7 @@
 // stay in shared memory and dK_j, dV_j in registers while every Q block of every query head of
 // the group passes by; each step recomputes P from L, forms dS, adds to dK_j and dV_j, and adds its
 // share of dQ_i to device memory with atomicAdd, since many thread blocks (one per K/V block)
-// contribute to the same dQ_i. The tensor-core version (backward_mma.cu) keeps this structure.
+// contribute to the same dQ_i. The tensor-core versions (v1_mma.cu ...) keep this structure.
 #include <cuda_runtime.h>
 
 #include <cmath>
