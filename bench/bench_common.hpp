@@ -1,8 +1,8 @@
 // What the `ladder` program and the `ladder_bench` sweep share: picking rungs from a command-line
 // list, strict number parsing, the short GPU name and the UTC date they print, the GPU check behind
-// their device flags, the lazily computed fp64 oracle (forward and backward) of a problem, and
-// BackwardRun, which keeps one rung's forward and backward where it runs for timing. Header-only,
-// bench/ only (io_probe uses the number parsing too).
+// their device flags, and the host clock for a first call. The oracle (common/oracle.hpp) and the
+// staging of a rung's data (common/harness.hpp, ForwardRun and BackwardRun) live in common/.
+// Header-only, bench/ only (io_probe uses the number parsing too).
 #pragma once
 
 #include <algorithm>
@@ -136,22 +136,11 @@ inline GpuChoice choose_gpu(const std::string& device, const std::string& cuda_f
   return g;
 }
 
-// ---- The oracle of a problem --------------------------------------------------------------------
-// The fp64 backward oracle holds whole Nq×Nk matrices of each head (P, dP, dS) and costs about
 // ---- Timing ----------------------------------------------------------------------------------------
 inline double host_ms(const std::function<void()>& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Median milliseconds of `fn` on the host clock over `reps` calls after `warmup` (CPU twins).
-inline double host_median_ms(const std::function<void()>& fn, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) fn();
-  std::vector<double> t;
-  for (int i = 0; i < std::max(reps, 1); ++i) t.push_back(host_ms(fn));
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  return t[t.size() / 2];
 }
 
 }  // namespace fl::bench

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 
 #include "device.hpp"
 
@@ -91,33 +92,42 @@ void poison_host(std::vector<unsigned char>& b) {
   for (size_t i = 0; i + 1 < b.size(); i += 2) b[i] = 0xc0, b[i + 1] = 0x7f;
 }
 
-// One array of a call: its bytes on the host and, for a GPU rung, in device memory.
+// One array of a call where the rung runs: host bytes for a twin; device memory for a GPU rung,
+// whose host copy is made only when its contents are fetched (a workspace never is).
 struct Array {
-  std::vector<unsigned char> host;
+  mutable std::vector<unsigned char> host;
   gpu::DeviceBuffer dev;
+  std::size_t bytes = 0;
   bool on_gpu = false;
-  void init(std::vector<unsigned char> bytes, bool gpu, bool upload) {
-    host = std::move(bytes);
+  // n zero bytes, or `content` (n bytes) when given.
+  void init(std::size_t n, const std::vector<unsigned char>* content, bool gpu) {
+    bytes = n;
     on_gpu = gpu;
     if (on_gpu) {
-      dev = gpu::DeviceBuffer(host.size());
-      if (upload) dev.upload(host.data(), host.size());
+      dev = gpu::DeviceBuffer(n);
+      if (content) dev.upload(content->data(), n);
+    } else {
+      host = content ? *content : std::vector<unsigned char>(n);
     }
   }
   void* ptr() const {
     if (on_gpu) return dev.get();
-    return host.empty() ? nullptr : const_cast<unsigned char*>(host.data());
+    return host.empty() ? nullptr : host.data();
   }
   void poison() {
     if (on_gpu) dev.poison();
     else poison_host(host);
   }
-  void upload(const std::vector<unsigned char>& bytes) {
-    host = bytes;
-    if (on_gpu) dev.upload(host.data(), host.size());
+  void upload(const std::vector<unsigned char>& b) {
+    if (b.size() != bytes) throw std::logic_error("Staging: an array's new contents have the wrong size");
+    if (on_gpu) dev.upload(b.data(), bytes);
+    else std::copy(b.begin(), b.end(), host.begin());  // in place: pointers handed out stay valid
   }
   const std::vector<unsigned char>& fetch() const {
-    if (on_gpu) dev.download(const_cast<unsigned char*>(host.data()), host.size());
+    if (on_gpu) {
+      host.resize(bytes);
+      dev.download(host.data(), bytes);
+    }
     return host;
   }
 };
@@ -148,18 +158,22 @@ Staging::Staging(const Rung& r, const AttentionShape& s, DType t, const Inputs& 
   auto& m = *impl_;
   if (m.on_gpu) gpu::require_memory(bytes(r, s, t, m.backward), what);
   const std::size_t e = dtype_bytes(t), q_bytes = e * std::size_t(s.q_elems()), kv_bytes = e * std::size_t(s.kv_elems());
-  m.q.init(to_storage(in.q, t), m.on_gpu, true);
-  m.k.init(to_storage(in.k, t), m.on_gpu, true);
-  m.v.init(to_storage(in.v, t), m.on_gpu, true);
-  m.o.init(std::vector<unsigned char>(q_bytes), m.on_gpu, false);
-  m.lse.init(std::vector<unsigned char>(4 * std::size_t(s.lse_elems())), m.on_gpu, false);
-  m.ws_f.init(std::vector<unsigned char>(r.workspace_bytes(s, t)), m.on_gpu, false);
+  auto put = [&](Array& a, const std::vector<float>& x, DType as) {
+    const std::vector<unsigned char> b = to_storage(x, as);
+    a.init(b.size(), &b, m.on_gpu);
+  };
+  put(m.q, in.q, t);
+  put(m.k, in.k, t);
+  put(m.v, in.v, t);
+  m.o.init(q_bytes, nullptr, m.on_gpu);
+  m.lse.init(4 * std::size_t(s.lse_elems()), nullptr, m.on_gpu);
+  m.ws_f.init(r.workspace_bytes(s, t), nullptr, m.on_gpu);
   if (m.backward) {
-    m.dout.init(to_storage(*dout, t), m.on_gpu, true);
-    m.dq.init(std::vector<unsigned char>(q_bytes), m.on_gpu, false);
-    m.dk.init(std::vector<unsigned char>(kv_bytes), m.on_gpu, false);
-    m.dv.init(std::vector<unsigned char>(kv_bytes), m.on_gpu, false);
-    m.ws_b.init(std::vector<unsigned char>(r.backward_workspace_bytes(s, t)), m.on_gpu, false);
+    put(m.dout, *dout, t);
+    m.dq.init(q_bytes, nullptr, m.on_gpu);
+    m.dk.init(kv_bytes, nullptr, m.on_gpu);
+    m.dv.init(kv_bytes, nullptr, m.on_gpu);
+    m.ws_b.init(r.backward_workspace_bytes(s, t), nullptr, m.on_gpu);
   }
   poison_forward();
   if (m.backward) poison_backward();

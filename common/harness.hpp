@@ -40,14 +40,15 @@ struct ForwardOutputs {
   std::vector<float> lse;  // [B, H, Nq]
 };
 
-struct BackwardInputs;
 struct BackwardOutputs;
 
 // ---- Staging: the one place a rung's arrays are put where it runs ---------------------------------
 // Every array a forward (and, when asked, a backward) of one rung on one problem reads and writes,
 // in the call's dtype, in host memory for a CPU twin or device memory for a GPU rung (free device
-// memory checked before anything is allocated: gpu::OutOfMemory, naming `what`), and the argument
-// structs that point at them. ForwardRun, run_backward and BackwardRun are built on it.
+// memory checked before anything is allocated: gpu::OutOfMemory, naming `what`; a GPU rung's
+// outputs are copied to the host only when fetched), and the argument structs that point at them.
+// Outputs are poisoned (NaN) when staged; poison_forward/poison_backward do it again. ForwardRun,
+// run_backward and BackwardRun are built on it.
 class Staging {
  public:
   // Q, K, V from `in`; O, lse and the forward's workspace; with `dout` (a backward), dO from it,

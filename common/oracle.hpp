@@ -15,6 +15,7 @@
 
 namespace fl {
 
+// The fp64 backward oracle holds whole Nq×Nk matrices of each head (P, dP, dS) and costs about
 // 14·B·H·Nq·Nk·d flops with the forward that makes its O and lse: past this many B·H·Nq·Nk·d
 // (1×4×512×512×64, the ladder's default problem, a fraction of a second) the gradients are
 // checked on a smaller problem instead (backward_check_shape).
