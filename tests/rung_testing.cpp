@@ -55,6 +55,8 @@ std::vector<Case> ladder_cases(const Rung& r, DType t) {
   const int64_t d_mid = dims[dims.size() / 2];
   shapes.push_back(shape(1, 2, 1, 1000, 1000, d_mid, false));
   shapes.push_back(shape(1, 1, 1, 1023, 1024, d_mid, true));
+  shapes.push_back(shape(1, 2, 2, 300, 40, d_mid, true));      // causal, Nq ≫ Nk: whole blocks of up to
+                                                               // 128 rows see no key at all
   if (caps.head_dims.empty() && caps.max_head_dim >= 256)
     shapes.push_back(shape(2, 2, 2, 64, 65, 256, false));     // the largest head dim
 

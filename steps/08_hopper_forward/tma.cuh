@@ -42,9 +42,13 @@ inline CUtensorMap make_tensor_map(const void* base, DType t, int64_t slices, in
   static Encode encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
     FL_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+#else  // before CUDA 12.5 the runtime asks for the driver's entry point without a version
+    FL_CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found));
+#endif
     if (found != cudaDriverEntryPointSuccess || !fn)
-      throw CudaError("cuTensorMapEncodeTiled is not in this driver (TMA needs CUDA 12 and an sm_90 GPU)");
+      throw CudaError("cuTensorMapEncodeTiled is not in this driver (TMA needs a CUDA 12 driver and an sm_90 GPU)");
     return reinterpret_cast<Encode>(fn);
   }();
   CUtensorMap map{};
@@ -57,8 +61,10 @@ inline CUtensorMap make_tensor_map(const void* base, DType t, int64_t slices, in
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    throw CudaError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) +
-                    " (a 16-byte aligned base and row stride are required)");
+    throw CudaError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) + " for a [" +
+                    std::to_string(slices) + "][" + std::to_string(rows) + "][" + std::to_string(d) +
+                    "] tensor in boxes of " + std::to_string(box_rows) + " x 64 (TMA's limits: 2^32 - 1 "
+                    "elements a dimension, a 16-byte aligned base)");
   return map;
 }
 

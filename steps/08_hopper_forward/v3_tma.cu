@@ -2,14 +2,14 @@
 // mbarriers, instead of by every thread with cp.async behind a block-wide barrier.
 //
 // What changed from v2: in v2 all 256 threads work out addresses and issue cp.async for every K/V
-// block (16 copies of 16 bytes each per tile at d = 128), and one __syncthreads per step tells
+// block (8 copies of 16 bytes each per tile at d = 128), and one __syncthreads per step tells
 // everyone that a block has landed and that a buffer is free, which keeps the two warpgroups in
 // lockstep. Here one thread issues a TMA copy per 64-column panel (tma.cuh); the copy engine
 // writes the box in the swizzled panel layout wgmma reads. Each K/V buffer has two mbarriers:
 // `full`, which completes when the block's bytes have landed (the warpgroups wait on it), and
 // `empty`, on which each warpgroup arrives once its P·V of the block is done (the issuing thread
 // waits on it before it refills the buffer). No block-wide barrier is left in the loop: each
-// warpgroup runs at its own pace, and the copies run ahead by up to three blocks.
+// warpgroup runs at its own pace, and the copies run two blocks ahead.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -38,7 +38,7 @@ struct Cfg {
   static constexpr int P = D / 64;    // 64-column panels of d: O's accumulators, one wgmma N each
   static constexpr int NS = BC / 64;  // 64-key pieces of S, one wgmma N each
   static constexpr uint32_t kTileBytes = BC * D * 2;  // one K or V buffer, 16-bit values
-  static constexpr int kStages = 3;  // K/V buffers: block j + 1 loads while j − 1's V is still read
+  static constexpr int kStages = 3;  // K/V buffers: block j + 2 loads once j − 1's V is done with
   // Q; K and V three times; 1 KB to start the tiles on a 1024-byte boundary (the swizzle's period).
   static constexpr std::size_t kSmemBytes =
       std::size_t(BR * D) * 2 + 2 * kStages * std::size_t(kTileBytes) + 1024 + 128;  // + the mbarriers

@@ -38,7 +38,7 @@ struct Cfg {
   static constexpr int P = D / 64;    // 64-column panels of d: O's accumulators, one wgmma N each
   static constexpr int NS = BC / 64;  // 64-key pieces of S, one wgmma N each
   static constexpr uint32_t kTileBytes = BC * D * 2;  // one K or V buffer, 16-bit values
-  static constexpr int kStages = 3;  // K/V buffers: block j + 1 loads while j − 1's V is still read
+  static constexpr int kStages = 3;  // K/V buffers: block j + 2 loads once j − 1's V is done with
   // Q; K and V three times; 1 KB to start the tiles on a 1024-byte boundary (the swizzle's period).
   static constexpr std::size_t kSmemBytes =
       std::size_t(BR * D) * 2 + 2 * kStages * std::size_t(kTileBytes) + 1024 + 128;  // + the mbarriers
@@ -48,7 +48,8 @@ struct Cfg {
 // ---- device helpers ---------------------------------------------------------------------------
 
 // A warpgroup's threads give back registers, or take more, as the warpgroup takes its role (sm_90a;
-// every thread of the warpgroup executes it; the kernel starts at 65536 / kThreads each).
+// every thread of the warpgroup executes it; the kernel starts at 65536 / kThreads each,
+// rounded down to a multiple of 8: 168 for 384 threads).
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
@@ -73,8 +74,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   const uint32_t qs = base;                        // [BR][D] in panels
   const uint32_t ks = qs + uint32_t(BR * D * 2);            // [kStages][BC][D]
   const uint32_t vs = ks + C::kStages * C::kTileBytes;      // [kStages][BC][D]
-  // mbarriers: full[s] (the block in buffer s has landed), empty[s] (both warpgroups are done with
-  // it), and Q's.
+  // mbarriers: full[s] (the block in buffer s has landed), empty[s] (both consumer warpgroups are
+  // done with it), and Q's.
   const uint32_t bars = vs + C::kStages * C::kTileBytes;
   auto full = [&](int st) { return bars + 8 * st; };
   auto empty = [&](int st) { return bars + 8 * (C::kStages + st); };
