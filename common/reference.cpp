@@ -91,15 +91,18 @@ ReferenceForward reference_forward(const AttentionShape& s, const float* q, cons
   return out;
 }
 
-ReferenceBackward reference_backward(const AttentionShape& s, const float* q, const float* k,
-                                     const float* v, const float* dout) {
+// The backward both entry points share. For each head, `probs(b, h, qh, kh)` gives the softmax P
+// and `delta(b, h, p, dp)` the row sums D_i = sum_j P_ij dP_ij (equal to rowsum(dO * O)); then
+// dV = P^T dO, dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q, summed over a GQA group.
+template <class Probs, class Delta>
+ReferenceBackward backward_over_heads(const AttentionShape& s, const float* q, const float* k,
+                                      const float* v, const float* dout, Probs probs, Delta delta) {
   s.validate();
   const int64_t d = s.head_dim;
   ReferenceBackward g;
   g.dq.assign(s.q_elems(), 0.0);
   g.dk.assign(s.kv_elems(), 0.0);
   g.dv.assign(s.kv_elems(), 0.0);
-  const std::vector<int64_t> rows = all_rows(s.seq_q);
   const double scale = s.softmax_scale();
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
@@ -108,12 +111,11 @@ ReferenceBackward reference_backward(const AttentionShape& s, const float* q, co
       const MatD kh = head(k, b, hk, s.kv_heads, s.seq_k, d);
       const MatD vh = head(v, b, hk, s.kv_heads, s.seq_k, d);
       const MatD doh = head(dout, b, h, s.heads, s.seq_q, d);
-      MatD p = scores(s, qh, kh, rows);
-      softmax_rows(p, nullptr);
+      const MatD p = probs(b, h, qh, kh);
       const MatD dv = p.transpose() * doh;
       const MatD dp = doh * vh.transpose();
-      const Eigen::VectorXd delta = (p.array() * dp.array()).rowwise().sum();
-      const MatD ds = p.array() * (dp.colwise() - delta).array();
+      const Eigen::VectorXd dd = delta(b, h, p, dp);
+      const MatD ds = p.array() * (dp.colwise() - dd).array();
       const MatD dq = scale * ds * kh;
       const MatD dk = scale * ds.transpose() * qh;
       double* dq_out = g.dq.data() + ((b * s.heads + h) * s.seq_q) * d;
@@ -126,45 +128,42 @@ ReferenceBackward reference_backward(const AttentionShape& s, const float* q, co
   return g;
 }
 
+ReferenceBackward reference_backward(const AttentionShape& s, const float* q, const float* k,
+                                     const float* v, const float* dout) {
+  const std::vector<int64_t> rows = all_rows(s.seq_q);
+  return backward_over_heads(
+      s, q, k, v, dout,
+      [&](int64_t, int64_t, const MatD& qh, const MatD& kh) {
+        MatD p = scores(s, qh, kh, rows);
+        softmax_rows(p, nullptr);
+        return p;
+      },
+      [](int64_t, int64_t, const MatD& p, const MatD& dp) -> Eigen::VectorXd {
+        return (p.array() * dp.array()).rowwise().sum();
+      });
+}
+
+// P from the given lse and D from the given O (reference.hpp says what that is for).
 ReferenceBackward reference_backward_given(const AttentionShape& s, const float* q, const float* k,
                                            const float* v, const float* o, const float* lse,
                                            const float* dout) {
-  s.validate();
-  const int64_t d = s.head_dim;
-  ReferenceBackward g;
-  g.dq.assign(s.q_elems(), 0.0);
-  g.dk.assign(s.kv_elems(), 0.0);
-  g.dv.assign(s.kv_elems(), 0.0);
   const std::vector<int64_t> rows = all_rows(s.seq_q);
-  const double scale = s.softmax_scale();
-  for (int64_t b = 0; b < s.batch; ++b)
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t hk = h / s.group();
-      const MatD qh = head(q, b, h, s.heads, s.seq_q, d);
-      const MatD kh = head(k, b, hk, s.kv_heads, s.seq_k, d);
-      const MatD vh = head(v, b, hk, s.kv_heads, s.seq_k, d);
-      const MatD oh = head(o, b, h, s.heads, s.seq_q, d);
-      const MatD doh = head(dout, b, h, s.heads, s.seq_q, d);
-      MatD p = scores(s, qh, kh, rows);
-      const float* lse_h = lse + (b * s.heads + h) * s.seq_q;
-      for (int64_t i = 0; i < s.seq_q; ++i) {
-        const double l = lse_h[i];
-        for (int64_t j = 0; j < s.seq_k; ++j) p(i, j) = std::isinf(l) ? 0.0 : std::exp(p(i, j) - l);
-      }
-      const MatD dv = p.transpose() * doh;
-      const MatD dp = doh * vh.transpose();
-      const Eigen::VectorXd delta = (doh.array() * oh.array()).rowwise().sum();
-      const MatD ds = p.array() * (dp.colwise() - delta).array();
-      const MatD dq = scale * ds * kh;
-      const MatD dk = scale * ds.transpose() * qh;
-      double* dq_out = g.dq.data() + ((b * s.heads + h) * s.seq_q) * d;
-      double* dk_out = g.dk.data() + ((b * s.kv_heads + hk) * s.seq_k) * d;
-      double* dv_out = g.dv.data() + ((b * s.kv_heads + hk) * s.seq_k) * d;
-      for (int64_t i = 0; i < dq.size(); ++i) dq_out[i] = dq.data()[i];
-      for (int64_t i = 0; i < dk.size(); ++i) dk_out[i] += dk.data()[i];  // GQA: sum the group
-      for (int64_t i = 0; i < dv.size(); ++i) dv_out[i] += dv.data()[i];
-    }
-  return g;
+  return backward_over_heads(
+      s, q, k, v, dout,
+      [&](int64_t b, int64_t h, const MatD& qh, const MatD& kh) {
+        MatD p = scores(s, qh, kh, rows);
+        const float* lse_h = lse + (b * s.heads + h) * s.seq_q;
+        for (int64_t i = 0; i < s.seq_q; ++i) {
+          const double l = lse_h[i];
+          for (int64_t j = 0; j < s.seq_k; ++j) p(i, j) = std::isinf(l) ? 0.0 : std::exp(p(i, j) - l);
+        }
+        return p;
+      },
+      [&](int64_t b, int64_t h, const MatD&, const MatD&) -> Eigen::VectorXd {
+        const MatD doh = head(dout, b, h, s.heads, s.seq_q, s.head_dim);
+        const MatD oh = head(o, b, h, s.heads, s.seq_q, s.head_dim);
+        return (doh.array() * oh.array()).rowwise().sum();
+      });
 }
 
 std::vector<double> reference_no_softmax(const AttentionShape& s, const float* q, const float* k,
