@@ -81,7 +81,6 @@ class Oracle {
     }
     return *inputs_;
   }
-  bool has_inputs() const { return inputs_ != nullptr; }
   const std::vector<int64_t>& rows() const { return rows_; }
   uint64_t dout_seed() const { return dout_seed_; }
 

@@ -153,12 +153,6 @@ def inverse(f, n):
     return {f(lane, e): (lane, e) for lane in range(32) for e in range(n)}
 
 
-def key_legend(ax, x, y, items, fs=8):
-    for k, (color, text) in enumerate(items):
-        ax.add_patch(Rectangle((x, y - 0.9 * k), 0.6, 0.6, facecolor=color, edgecolor=EDGE, lw=0.6))
-        ax.text(x + 0.85, y - 0.9 * k + 0.3, text, va="center", fontsize=fs)
-
-
 def blank(ax, xlim, ylim):
     ax.set_xlim(*xlim)
     ax.set_ylim(*ylim)
