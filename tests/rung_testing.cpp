@@ -57,6 +57,9 @@ std::vector<Case> ladder_cases(const Rung& r, DType t) {
   shapes.push_back(shape(1, 1, 1, 1023, 1024, d_mid, true));
   shapes.push_back(shape(1, 2, 2, 300, 40, d_mid, true));      // causal, Nq ≫ Nk: whole blocks of up to
                                                                // 128 rows see no key at all
+  shapes.push_back(shape(3, 16, 4, 390, 200, d_mid, true));   // 192 row tiles of 128, more than an
+                                                               // H100's 132 SMs: a persistent grid's
+                                                               // walk, each head's first tile empty
   if (caps.head_dims.empty() && caps.max_head_dim >= 256)
     shapes.push_back(shape(2, 2, 2, 64, 65, 256, false));     // the largest head dim
 

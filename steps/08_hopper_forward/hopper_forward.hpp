@@ -14,6 +14,8 @@
 //                panel, completing on mbarriers; no block-wide barrier left in the loop.
 //   v4_warp_specialized  a producer warpgroup issues the copies, two consumer warpgroups only
 //                multiply; registers moved from the one to the others with setmaxnreg.
+//   v5_persistent  one thread block an SM, walking tile after tile: the next tile's Q and K/V
+//                are fetched while the consumers finish the last one; causal tiles longest first.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -26,7 +28,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent };
 
 struct VersionInfo {
   Version version;
@@ -43,9 +45,12 @@ inline constexpr VersionInfo kVersions[] = {
      "v2 + tiles copied by TMA (one thread, one instruction a panel) completing on mbarriers, no block barrier"},
     {Version::V4WarpSpecialized, "08_hopper_forward/v4_warp_specialized",
      "v3 + a producer warpgroup for the copies, two consumer warpgroups; registers moved with setmaxnreg"},
+    {Version::V5Persistent, "08_hopper_forward/v5_persistent",
+     "v4 + a persistent grid (one block an SM walks the tiles): the next tile's loads under the last one's "
+     "end; causal tiles longest first"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V4WarpSpecialized) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V5Persistent) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.
