@@ -15,7 +15,10 @@
 //   v4_warp_specialized  a producer warpgroup issues the copies, two consumer warpgroups only
 //                multiply; registers moved from the one to the others with setmaxnreg.
 //   v5_persistent  one thread block an SM, walking tile after tile: the next tile's Q and K/V
-//                are fetched while the consumers finish the last one; causal tiles longest first.
+//                are fetched while the consumers finish the last one; tiles in pairs of equal
+//                causal work.
+//   v6_early_rescale  O multiplied by the softmax's rescale while the tensor cores compute the
+//                next S, not after P·V lands: less work between one step's products and the next.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -28,7 +31,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6EarlyRescale };
 
 struct VersionInfo {
   Version version;
@@ -46,11 +49,13 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V4WarpSpecialized, "08_hopper_forward/v4_warp_specialized",
      "v3 + a producer warpgroup for the copies, two consumer warpgroups; registers moved with setmaxnreg"},
     {Version::V5Persistent, "08_hopper_forward/v5_persistent",
-     "v4 + a persistent grid (one block an SM walks the tiles): the next tile's loads under the last one's "
-     "end; causal tiles longest first"},
+     "v4 + a persistent grid (one block an SM walks pairs of row tiles, equal causal work a pair): the next "
+     "tile's loads under the last one's end"},
+    {Version::V6EarlyRescale, "08_hopper_forward/v6_early_rescale",
+     "v5 + O rescaled under the next Q*K^T instead of after P*V lands"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V5Persistent) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V6EarlyRescale) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.
