@@ -111,10 +111,16 @@ __device__ inline void hold(float (&d)[N]) {
 
 #define FL_WG_D8(b) \
   "+f"(d[b + 0]), "+f"(d[b + 1]), "+f"(d[b + 2]), "+f"(d[b + 3]), "+f"(d[b + 4]), "+f"(d[b + 5]), "+f"(d[b + 6]), "+f"(d[b + 7])
+#define FL_WG_E8(b) \
+  "+f"(e[b + 0]), "+f"(e[b + 1]), "+f"(e[b + 2]), "+f"(e[b + 3]), "+f"(e[b + 4]), "+f"(e[b + 5]), "+f"(e[b + 6]), "+f"(e[b + 7])
 #define FL_WG_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FL_WG_R32                                                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
   "%24, %25, %26, %27, %28, %29, %30, %31}"
+#define FL_WG_R64                                                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+  "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
+  "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 // D (+)= A·B, m64n64k16, A and B from shared memory; kTransA/kTransB: 1 for an MN-major operand.
 template <class T, int kTransA, int kTransB>
@@ -146,6 +152,23 @@ __device__ inline void ss_n32(float (&d)[16], uint64_t a, uint64_t b, bool accum
                  : "l"(a), "l"(b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
 }
 
+// D (+)= A·B, m64n128k16, A and B from shared memory: one instruction for 128 columns of B, whose
+// accumulators are two m64n64 ones side by side (d: columns 0..63, e: 64..127; the same layout).
+// Per product it reads A once where two n64 read it twice.
+template <class T, int kTransA, int kTransB>
+__device__ inline void ss_n128(float (&d)[32], float (&e)[32], uint64_t a, uint64_t b, bool accumulate) {
+  if constexpr (std::is_same_v<T, __half>)
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FL_WG_R64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : FL_WG_D8(0), FL_WG_D8(8), FL_WG_D8(16), FL_WG_D8(24), FL_WG_E8(0), FL_WG_E8(8), FL_WG_E8(16), FL_WG_E8(24)
+                 : "l"(a), "l"(b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
+  else
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FL_WG_R64 ", %64, %65, p, 1, 1, %67, %68;\n}\n"
+                 : FL_WG_D8(0), FL_WG_D8(8), FL_WG_D8(16), FL_WG_D8(24), FL_WG_E8(0), FL_WG_E8(8), FL_WG_E8(16), FL_WG_E8(24)
+                 : "l"(a), "l"(b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
+}
+
 // D += A·B, m64n64k16, A from registers (an mma.sync A fragment per warp), B from shared memory.
 template <class T, int kTransB>
 __device__ inline void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
@@ -164,6 +187,8 @@ __device__ inline void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b
 }
 
 #undef FL_WG_D8
+#undef FL_WG_E8
+#undef FL_WG_R64
 #undef FL_WG_R16
 #undef FL_WG_R32
 

@@ -17,8 +17,8 @@
 //   v5_persistent  one thread block an SM, walking tile after tile: the next tile's Q and K/V
 //                are fetched while the consumers finish the last one; tiles in pairs of equal
 //                causal work.
-//   v6_early_rescale  O multiplied by the softmax's rescale while the tensor cores compute the
-//                next S, not after P·V lands: less work between one step's products and the next.
+//   v6_wide_qk   S = Q·Kᵀ one wgmma 128 keys wide per k-step instead of two 64 wide: Q's slice
+//                read from shared memory once, not twice (shared memory's bandwidth).
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -31,7 +31,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6EarlyRescale };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk };
 
 struct VersionInfo {
   Version version;
@@ -51,11 +51,11 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V5Persistent, "08_hopper_forward/v5_persistent",
      "v4 + a persistent grid (one block an SM walks pairs of row tiles, equal causal work a pair): the next "
      "tile's loads under the last one's end"},
-    {Version::V6EarlyRescale, "08_hopper_forward/v6_early_rescale",
-     "v5 + O rescaled under the next Q*K^T instead of after P*V lands"},
+    {Version::V6WideQk, "08_hopper_forward/v6_wide_qk",
+     "v5 + S = Q*K^T as one m64n128k16 wgmma a k-step (Q read from shared memory once, not twice)"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V6EarlyRescale) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V6WideQk) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.

@@ -1,13 +1,13 @@
-// Rung 08, v6_early_rescale: v5 with O rescaled while the tensor cores compute the next S.
+// Rung 08, v6_wide_qk: v5 with S = Q·Kᵀ issued as one wgmma 128 keys wide per k-step, not two 64
+// wide.
 //
-// What changed from v5: after the softmax of block j, v5 waits for P_{j−1} V_{j−1} to land and
-// then multiplies O by block j's alpha (64 multiplies a thread at d = 128) and packs P_j, while
-// this warpgroup has nothing queued on the tensor cores. The rescale need not happen there: O has
-// to carry block j's alpha only before P_j V_j is added to it, which is issued in the next step. So
-// alpha is kept in registers until then, and the next step multiplies O by it after issuing
-// S_{j+1} = Q K_{j+1}ᵀ and before issuing P_j V_j: the multiplies run under Q·Kᵀ, and what is left
-// between the wait for P·V and the next Q·Kᵀ is only the packing of P. (FlashAttention-3 orders its
-// step the same way.) The last block's alpha is applied before its P·V after the loop.
+// What changed from v5: a wgmma that reads both operands from shared memory reads all of A for
+// each instruction. With two m64n64k16 per k-step, Q's 64 × 16 slice (2 KB) is read twice for 4 KB
+// of K, 128 bytes of shared memory a cycle at the tensor cores' full rate, which is all an SM's
+// shared memory delivers, with the TMA writing K and V into it at the same time. One m64n128k16
+// reads Q's slice once for the same 4 KB of K: 96 bytes a cycle. Its accumulators are the two n64
+// ones side by side, so nothing after the product changes. (P·V reads only V from shared memory,
+// P being in registers, so its width does not change its traffic.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,7 +26,7 @@ namespace {
 using namespace fl::mma;  // pack, fast_exp2, smem_u32
 using tensor_core_mma::Tiling;
 
-constexpr Version kVersion = Version::V6EarlyRescale;
+constexpr Version kVersion = Version::V6WideQk;
 
 // ---- constants --------------------------------------------------------------------------------
 
@@ -37,13 +37,13 @@ struct Cfg {
   static constexpr int kConsumers = BR / 64, kThreads = 128 * (kConsumers + 1);  // + the producer
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128·40 + 256·232 ≤ 64K registers
   static constexpr int P = D / 64;    // 64-column panels of d: O's accumulators, one wgmma N each
-  static constexpr int NS = BC / 64;  // 64-key pieces of S, one wgmma N each
+  static constexpr int NS = BC / 64;  // 64-key halves of S's accumulators (one n128 wgmma fills both)
   static constexpr uint32_t kTileBytes = BC * D * 2;  // one K or V buffer, 16-bit values
   static constexpr int kStages = 3;  // K/V buffers: block j + 2 loads once j − 1's V is done with
   // Q; K and V three times; 1 KB to start the tiles on a 1024-byte boundary (the swizzle's period).
   static constexpr std::size_t kSmemBytes =
       std::size_t(BR * D) * 2 + 2 * kStages * std::size_t(kTileBytes) + 1024 + 128;  // + the mbarriers
-  static_assert(BR % 64 == 0 && BC % 64 == 0 && D % 64 == 0, "whole warpgroups and panels");
+  static_assert(BR % 64 == 0 && BC == 128 && D % 64 == 0, "whole warpgroups and panels; S one n128 wide");
 };
 
 // ---- device helpers ---------------------------------------------------------------------------
@@ -170,7 +170,6 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   const int r0 = 64 * wg + 16 * wr + g;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float acc[P][32] = {};
-  float alpha[2] = {1.f, 1.f};  // the last softmax's rescale of O, applied before its P·V
   uint32_t ap[BC / 16][4];  // P of the block before, as A operands: read by this step's P·V
 
   // O += P V for the block whose V is at vb: one group, committed, not waited for.
@@ -189,24 +188,16 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     const uint32_t kb = ks + buf * C::kTileBytes;
 
     // S = Q_i K_jᵀ, this warpgroup's 64 rows: k-step kk reads 16 columns of d, 32 bytes into
-    // panel kk / 4 of both operands; A = Q rows 64·wg.., B = K rows 64·n.. (1024 bytes per 8 rows).
+    // panel kk / 4 of both operands; A = Q rows 64·wg.., B = all 128 K rows (1024 bytes per 8).
     // Then P_{j−1} V_{j−1}, while this step's softmax runs.
     float s[NS][32];
     fence();  // O was rescaled and P packed since the last wgmma
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-#pragma unroll
-      for (int n = 0; n < NS; ++n)
-        ss_n64<T, 0, 0>(s[n], desc(qs + (kk / 4) * BR * 128 + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
-                        desc(kb + (kk / 4) * BC * 128 + 64 * n * 128 + 32 * (kk % 4), 16, 1024), kk > 0);
+      ss_n128<T, 0, 0>(s[0], s[1], desc(qs + (kk / 4) * BR * 128 + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
+                       desc(kb + (kk / 4) * BC * 128 + 32 * (kk % 4), 16, 1024), kk > 0);
     commit();
     if (jb > 0) {
-      // O takes block jb − 1's alpha while Q·Kᵀ runs, then P_{j−1} V_{j−1} adds to it.
-#pragma unroll
-      for (int pc = 0; pc < P; ++pc)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) acc[pc][i] *= alpha[(i / 2) % 2];
-      fence();
       issue_pv(vs + ((it0 + jb - 1) % C::kStages) * C::kTileBytes);
       wait<1>();  // S is in; P·V of the block before may still be running
     } else {
@@ -234,6 +225,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     }
 
     // The online softmax on the accumulators, rung 06's, on this thread's two rows.
+    float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float mx = -INFINITY;  // in raw score units: the scale is positive, so max commutes
@@ -256,12 +248,16 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     }
 
     // P_{j−1} V_{j−1} has landed in O: block jb − 1's buffer is free as far as this warpgroup
-    // goes (the producer refills it once both consumers have said so). P_j becomes the A
-    // operands of the next step's P·V; O keeps its scale until then.
+    // goes (the producer refills it once both consumers have said so). Then rescale O by this
+    // block's alpha, and P_j becomes the A operands of the next step's P·V.
     wait<0>();
 #pragma unroll
     for (int pc = 0; pc < P; ++pc) hold(acc[pc]);
     if (jb > 0 && threadIdx.x % 128 == 0) tma::mbar_arrive(empty((it0 + jb - 1) % C::kStages));
+#pragma unroll
+    for (int pc = 0; pc < P; ++pc)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) acc[pc][i] *= alpha[(i / 2) % 2];
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
       const float* e = s[kk / 4] + 8 * (kk % 4);
@@ -273,10 +269,6 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   }
   if (n_blocks > 0) {  // the last block's P·V, and its buffer released for the next tile's blocks
     const int last = (it0 + n_blocks - 1) % C::kStages;
-#pragma unroll
-    for (int pc = 0; pc < P; ++pc)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) acc[pc][i] *= alpha[(i / 2) % 2];
     fence();
     issue_pv(vs + last * C::kTileBytes);
     wait<0>();
@@ -324,7 +316,7 @@ struct Launch {
     // are fewer.
     const int64_t pairs = (ceil_div<int64_t>(s.seq_q, C::BR) + 1) / 2 * s.batch * s.heads;
     if (pairs > INT32_MAX / 4)  // the walk counts tiles in an int
-      throw InputError("rung 08_hopper_forward/v6_early_rescale (cuda): ceil(Nq / 256) * batch * heads must be below 2^29");
+      throw InputError("rung 08_hopper_forward/v6_wide_qk (cuda): ceil(Nq / 256) * batch * heads must be below 2^29");
     int device = 0, sms = 0;
     FL_CUDA_CHECK(cudaGetDevice(&device));
     FL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
