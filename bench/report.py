@@ -49,7 +49,7 @@ from collections import OrderedDict
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("ladder", "bench", "torch", "memory", "io")
 # Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
-BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes")
+BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 
 # The one ratio convention of every table: speed relative to a peer, the peer's time over ours.
@@ -580,11 +580,13 @@ def peak_of(device: str, dtype: str):
     return next((p for (gpu, t), p in PEAKS.items() if gpu in (device or "") and t == dtype), None)
 
 
-def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dtype: str = "bf16") -> str:
+def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dtype: str = "bf16",
+                 run_rows: list[dict] | None = None) -> str:
     """One table up front: each version of the rung (or the rung) at one shape per head dim
     (N = n, B·N = 16384, H = 16, not causal, the dtype given), its TFLOP/s, % of the GPU's dense
     peak, speed relative to the version before it, to FlashAttention-2 and to cuDNN (SDPA flash
-    and cudnn), all from one run."""
+    and cudnn), all from one run (run_rows: that run's rows, for the header, where it measured more
+    than these)."""
     want = {d: "%dx16x%dx%d" % (16384 // n, n, d) for d in (64, 128)}
     cells = {}  # (name, d) -> ms, tflops
     peers = {}  # (peer, d) -> ms
@@ -623,7 +625,7 @@ def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dt
         prev = name if not name.endswith("/mma") else prev
     what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[ph]
     out = ["The %s in one run %s: %s, B x H x N = %d x 16 x %d, not causal. %s%s" % (
-        what, torch_header(shown), dtype, 16384 // n, n, RATIOS,
+        what, torch_header(run_rows or shown), dtype, 16384 // n, n, RATIOS,
         (" %% of peak is of the GPU's dense %s tensor-core peak, %.0f TFLOP/s (datasheet)." % (dtype, peak))
         if peak else ""), ""]
     out += table(head, body, [False] + [True] * (len(head) - 1))
@@ -719,6 +721,19 @@ def probes_part(probes: list, rung: str) -> str:
         out += table(["shape"] + [label(k) for k in kernels] + ["%s x %s" % (label(newest), label(k)) for k in others],
                      body, [False] + [True] * (len(kernels) + len(others)))
     return "\n".join(out).strip("\n")
+
+
+def grid_summary_part(probes: list, rung: str) -> str:
+    """The summary table (summary_part) from the newest probes run marked "grid": true that measured
+    the rung, once per dtype it holds: for a rung whose versions were all measured together in a
+    run of their own rather than in torch.json's run."""
+    run = next((p for p in reversed(probes) if p.get("grid") and
+                any(in_rung(rung_of(r), rung) for r in p.get("rows", []))), None)
+    if run is None:
+        return ""
+    dtypes = sorted({r.get("dtype") for r in run["rows"] if r.get("dtype")}, key=lambda t: (t != "bf16", dtype_key(t)))
+    return "\n\n".join(p for p in (summary_part(run["rows"], rung, "fwd", dtype=t, run_rows=run["rows"])
+                                    for t in dtypes) if p)
 
 
 def memory_part(rows: list[dict], rung: str, figure: str | None) -> str:
@@ -894,6 +909,8 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
                 return {"torch": backward_torch_part(trows, step) if torch_doc is not None else None}
             if kind == "probes":
                 return {"torch": probes_part(probes_doc, step) if isinstance(probes_doc, list) else None}
+            if kind == "grid_summary":
+                return {"torch": grid_summary_part(probes_doc, step) if isinstance(probes_doc, list) else None}
             if kind in ("summary", "bwd_summary"):
                 ph = "fwd" if kind == "summary" else "bwd"
                 return {"torch": summary_part(trows, step, ph) if torch_doc is not None else None}
