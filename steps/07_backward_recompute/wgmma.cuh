@@ -1,7 +1,8 @@
-// Hopper's warpgroup MMA (wgmma, sm_90a) as rung 07's backward uses it: the shared-memory tile
-// layout it reads, the matrix descriptor that names such a tile, and the three shapes of
-// `wgmma.mma_async` the backward issues. Everything here compiles to nothing outside an sm_90a
-// pass (guarded by __CUDA_ARCH_FEAT_SM90_ALL at the call sites).
+// Hopper's warpgroup MMA (wgmma, sm_90a) as rung 07's backward and rung 08's forward use it: the
+// shared-memory tile layout it reads, the matrix descriptor that names such a tile, and the shapes
+// of `wgmma.mma_async` they issue (ss_n64, ss_n32 and rs_n64 for the backward; ss_n64, ss_n128 and
+// rs_n64 for the forward). Everything here compiles to nothing outside an sm_90a pass (guarded by
+// __CUDA_ARCH_FEAT_SM90_ALL at the call sites).
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multiple of 4). One
 // wgmma multiplies a 64 × 16 A by a 16 × N B into a 64 × N fp32 accumulator held in the
@@ -184,24 +185,6 @@ __device__ inline void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                  : FL_WG_D8(0), FL_WG_D8(8), FL_WG_D8(16), FL_WG_D8(24)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(kTransB));
-}
-
-// D (+)= A·B, m64n128k16, A from registers (an mma.sync A fragment per warp), B from shared
-// memory; the accumulators as in ss_n128.
-template <class T, int kTransB>
-__device__ inline void rs_n128(float (&d)[32], float (&e)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-  if constexpr (std::is_same_v<T, __half>)
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " FL_WG_R64
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-                 : FL_WG_D8(0), FL_WG_D8(8), FL_WG_D8(16), FL_WG_D8(24), FL_WG_E8(0), FL_WG_E8(8), FL_WG_E8(16), FL_WG_E8(24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(kTransB));
-  else
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " FL_WG_R64
-                 ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-                 : FL_WG_D8(0), FL_WG_D8(8), FL_WG_D8(16), FL_WG_D8(24), FL_WG_E8(0), FL_WG_E8(8), FL_WG_E8(16), FL_WG_E8(24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(kTransB));
 }
 
 #undef FL_WG_D8

@@ -19,7 +19,6 @@
 //                causal work.
 //   v6_wide_qk   S = Q·Kᵀ one wgmma 128 keys wide per k-step instead of two 64 wide: Q's slice
 //                read from shared memory once, not twice (shared memory's bandwidth).
-//   v7_q_in_registers  Q's tile in registers for the whole tile: S reads only K from shared memory.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -32,7 +31,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7QInRegisters };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk };
 
 struct VersionInfo {
   Version version;
@@ -54,11 +53,9 @@ inline constexpr VersionInfo kVersions[] = {
      "tile's loads under the last one's end"},
     {Version::V6WideQk, "08_hopper_forward/v6_wide_qk",
      "v5 + S = Q*K^T as one m64n128k16 wgmma a k-step (Q read from shared memory once, not twice)"},
-    {Version::V7QInRegisters, "08_hopper_forward/v7_q_in_registers",
-     "v6 + Q held in registers through the tile (ldmatrix once), S with A from registers"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V7QInRegisters) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V6WideQk) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.

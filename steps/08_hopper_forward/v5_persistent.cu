@@ -13,7 +13,7 @@
 // Which tiles a block takes is fixed in advance, so each block must get the same work. Under a
 // causal mask row tile m of n sees m + 1 key blocks (when Nq = Nk), so tiles go in pairs, m and
 // n − 1 − m, n + 1 blocks a pair whatever m is, and a block takes pair blockIdx.x, then pair
-// blockIdx.x + gridDim.x, and so on (the zigzag that ring attention uses across GPUs, rung 11).
+// blockIdx.x + gridDim.x, and so on (the zigzag that ring attention uses to balance its GPUs).
 // Pairs are numbered head by head, so that the blocks on the SMs at one time share their K and V
 // in L2, as v4's grid order does.
 #include <cuda_runtime.h>
