@@ -23,6 +23,7 @@ def main(argv=None):
     py = sys.executable
     steps = [[py, os.path.join(HERE, s), "--out", args.out] for s in ("tiling.py", "mma.py", "backward.py")]
     steps.append([py, os.path.join(HERE, "results.py"), "--results", args.results, "--out", args.out])
+    steps.append([py, os.path.join(HERE, "hopper.py"), "--results", args.results, "--out", args.out])
     plot = os.path.join(REPO, "bench", "plot.py")
     steps.append([py, plot, os.path.join(args.results, "bench.json"), "--memory", os.path.join(args.results, "torch.json"),
                   "--out", args.out])
