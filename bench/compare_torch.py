@@ -31,7 +31,11 @@ TFLOP/s by shared/anchors.md: the forward 4·B·H·Nq·Nk·d (half when causal),
 that, forward+backward 3.5×.
 
 Timing: CUDA events around one call, a 256 MiB buffer zeroed before every call (outside the timed
-region) so L2 holds nothing useful, warm-up first, median of the repetitions.
+region) so L2 holds nothing useful, warm-up first, median of the repetitions. With --sustained S,
+instead: S seconds of back-to-back calls first, then five stretches of about S/5 seconds each timed
+as a whole (no flush, no synchronisation between calls), the median stretch's time per call: the
+clock and power state of a long run, where a GPU at its power limit runs slower than in short
+bursts (rows carry "sustained_s").
 
 --memory-sweep adds (first, as it is short) the extra device memory of one forward+backward against
 N, B=1 H=16 d=64 bf16, N = 1024..65536: each rung with a backward pass (its workspaces, measured
@@ -392,14 +396,45 @@ def error_stats(out, ref) -> dict:
 
 
 class Timer:
-    def __init__(self, device: str, warmup: int, reps: int, budget_s: float):
+    def __init__(self, device: str, warmup: int, reps: int, budget_s: float, sustained_s: float = 0.0):
         self.device, self.warmup, self.reps, self.budget_s = device, warmup, reps, budget_s
+        self.sustained_s = sustained_s if device == "cuda" else 0.0
         self.flush_buf = (torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
                           if device == "cuda" else None)
+
+    def sustained(self, fn) -> tuple[float, int]:
+        """Milliseconds per call of fn() under sustained load (--sustained): calls back to back for
+        sustained_s seconds, then five stretches of about sustained_s / 5 seconds each timed with
+        one pair of events; the median stretch's time per call, and how many calls were timed."""
+        fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        one = max(time.perf_counter() - t, 1e-5)
+        warm_end = time.perf_counter() + self.sustained_s
+        while time.perf_counter() < warm_end:
+            for _ in range(max(1, int(0.05 / one))):
+                fn()
+            torch.cuda.synchronize()
+        n = max(3, int(self.sustained_s / 5 / one))
+        per_call, timed = [], 0
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            per_call.append(start.elapsed_time(end) / n)
+            timed += n
+        return statistics.median(per_call), timed
 
     def __call__(self, fn) -> tuple[float, int]:
         """Median milliseconds of fn() and how many calls were timed. Stops early once budget_s
         is spent (a slow rung on a long sequence), but never below 3 timed calls."""
+        if self.sustained_s > 0:
+            return self.sustained(fn)
         for _ in range(self.warmup):
             fn()
         if self.device == "cuda":
@@ -452,6 +487,8 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
                  passed=None, reps=None, error=None, skip=None)
         if kw.get("ms") is not None:
             kw["tflops"] = phase_flops[phase] / (kw["ms"] * 1e-3) / 1e12
+        if args.sustained > 0 and dev == "cuda":
+            r["sustained_s"] = args.sustained
         r.update(kw)
         emit(r)
 
@@ -468,7 +505,7 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     except Exception as e:  # without a reference nothing can be checked; say so and move on
         row("reference", "fp64", error=short(e))
         return
-    timer = Timer(dev, args.warmup, args.reps, args.budget_s)
+    timer = Timer(dev, args.warmup, args.reps, args.budget_s, args.sustained)
     stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else None
     call = ladder.forward if dev == "cuda" else ladder.forward_host
     call_backward = ladder.backward if dev == "cuda" else ladder.backward_host
@@ -970,6 +1007,7 @@ def worker_command(args, shape: Shape | None, dtype: str, rows_out: str) -> list
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--lib", args.lib,
            "--device", args.device, "--dtype", dtype,
            "--reps", str(args.reps), "--warmup", str(args.warmup), "--budget-s", str(args.budget_s),
+           "--sustained", str(args.sustained),
            "--seed", str(args.seed), "--peers", ",".join(args.peers), "--rows-out", rows_out]
     if shape is None:
         cmd += ["--memory-sweep", "only", "--memory-seqs", ",".join(str(n) for n in args.memory_seqs)]
@@ -1080,6 +1118,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=2.0,
                     help="stop timing a kernel after this many seconds (at least 3 calls)")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
+                    help="time under sustained load: S seconds of back-to-back calls, then five timed "
+                         "stretches of S/5 seconds (no L2 flush); 0 (default): short bursts as above")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every row to this file (a JSON list)")
     ap.add_argument("--no-backward", dest="backward", action="store_false",

@@ -311,6 +311,9 @@ def torch_command(rows: list[dict]) -> str:
         args += ["--dtype", ",".join(dtypes)]
     if swept:
         args += ["--memory-sweep"] + (["only"] if not compared else [])
+    sustained = {r.get("sustained_s") for r in compared if r.get("sustained_s")}
+    if sustained:
+        args += ["--sustained", "%g" % max(sustained)]
     return " ".join(args + ["--json", "torch.json"])
 
 
