@@ -393,24 +393,27 @@ BackwardInputs make_backward_inputs(const AttentionShape& s, DType t, const Inpu
 }
 
 BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
-                             const BackwardInputs& bin, IoCounter* io) {
+                             const BackwardInputs& bin, IoCounter* io, bool deterministic) {
   r.check_supported(s, t, true);
   Staging st(r, s, t, in, &bin.dout, "backward of rung " + r.label() + " on " + s.str());
   st.set_forward_outputs(bin.o, bin.lse);  // the oracle's, rounded as a forward in the dtype stores them
-  const BackwardArgs a = st.backward_args(io);
+  BackwardArgs a = st.backward_args(io);
+  a.deterministic = deterministic;
   r.check(s, t, a);
   r.backward(s, t, a);
   return st.gradients();  // poisoned (NaN) before the call: an element left unwritten shows
 }
 
 // ---------------------------------------------------------------------------------------------
-BackwardRun::BackwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, uint64_t dout_seed)
+BackwardRun::BackwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, uint64_t dout_seed,
+                         bool deterministic)
     : rung_(r), shape_(s), dtype_(t) {
   r.check_supported(s, t, /*for_backward=*/true);
   const std::vector<float> dout = random_normal(s.q_elems(), t, dout_seed);
   st_ = std::make_unique<Staging>(r, s, t, in, &dout, "forward and backward of rung " + r.label() + " on " + s.str());
   fa_ = st_->forward_args();
   ba_ = st_->backward_args();
+  ba_.deterministic = deterministic;
   r.check(s, t, fa_);  // checked once here, not in the timed calls
   r.check(s, t, ba_);
 }

@@ -153,16 +153,19 @@ struct BackwardOutputs {
 };
 
 // Runs one backward of a rung where it runs (host memory for a twin, device memory for a GPU
-// rung), gradients poisoned (NaN) first; `io` counts a twin's traffic.
+// rung), gradients poisoned (NaN) first; `io` counts a twin's traffic; `deterministic` asks for the
+// rung's deterministic mode (BackwardArgs::deterministic).
 BackwardOutputs run_backward(const Rung& r, const AttentionShape& s, DType t, const Inputs& in,
-                             const BackwardInputs& bin, IoCounter* io = nullptr);
+                             const BackwardInputs& bin, IoCounter* io = nullptr, bool deterministic = false);
 
 // One rung's forward and backward on one problem, for timing, as in training: Q, K, V, a random dO
 // (drawn with `dout_seed`), and the O and lse of the rung's own forward (Staging). Correctness is
 // the oracle's business (oracle.hpp); this class only runs and times.
 class BackwardRun {
  public:
-  BackwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, uint64_t dout_seed);
+  // `deterministic`: every backward in the rung's deterministic mode (BackwardArgs::deterministic).
+  BackwardRun(const Rung& r, const AttentionShape& s, DType t, const Inputs& in, uint64_t dout_seed,
+              bool deterministic = false);
   // All memory a forward and backward of this problem take where the rung runs.
   static std::size_t device_bytes(const Rung& r, const AttentionShape& s, DType t) {
     return Staging::bytes(r, s, t, /*backward=*/true);

@@ -78,6 +78,9 @@ void Rung::check(const AttentionShape& s, DType t, const BackwardArgs& a) const 
                       {a.dv, "dv"}})
     need(p, n, *this);
   if (backward_workspace_bytes(s, t) > 0) need(a.workspace, "workspace", *this);
+  if (a.deterministic && backend() == Backend::Cuda && !caps().deterministic_backward)
+    throw InputError("rung " + label() + " has no deterministic backward (its dQ contributions are added in whatever "
+                     "order the GPU runs them); 09_hopper_backward/v2_deterministic and later versions have one");
 }
 
 Registry& Registry::instance() {

@@ -35,6 +35,9 @@ struct Capabilities {
   bool causal = true;
   bool gqa = true;              // Hkv < H
   bool backward = false;
+  // Its GPU backward runs a deterministic mode (BackwardArgs::deterministic). A CPU twin is
+  // deterministic as it is: one thread, one order.
+  bool deterministic_backward = false;
   std::string workspace_what;   // what its extra device memory holds, for messages ("S and P ...")
 };
 
@@ -64,6 +67,9 @@ struct BackwardArgs {
   void* workspace = nullptr;
   void* stream = nullptr;
   IoCounter* io = nullptr;
+  // The same dQ, dK and dV bits on every run of the same inputs: the contributions to each element
+  // added in a fixed order (rungs whose caps().deterministic_backward; refused by others' check).
+  bool deterministic = false;
 };
 
 class Rung {

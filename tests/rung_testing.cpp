@@ -130,6 +130,26 @@ void expect_ladder_cases_pass(const std::string& name, Backend b, DType t) {
   }
 }
 
+void expect_gpu_backward_matches_oracle_and_twin(const std::string& name, DType t, const AttentionShape& s,
+                                                 uint64_t seed, bool deterministic) {
+  const Rung* gpu = rung_or_skip(name, Backend::Cuda);
+  if (!gpu) GTEST_SKIP() << skip_reason(name, Backend::Cuda);
+  const Rung* twin = Registry::instance().find(name, Backend::Cpu);
+  ASSERT_NE(twin, nullptr) << name << " registered no CPU twin";
+  SCOPED_TRACE(name + " " + dtype_name(t) + " " + s.str() + " seed=" + std::to_string(seed) +
+               (deterministic ? " deterministic" : ""));
+  const Inputs in = make_inputs(s, t, seed);
+  const BackwardInputs bin = make_backward_inputs(s, t, in, seed + 1);
+  const ReferenceBackward ref = reference_backward(s, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+  const BackwardCheck g = check_backward(t, run_backward(*gpu, s, t, in, bin, nullptr, deterministic), ref);
+  const BackwardCheck c = check_backward(t, run_backward(*twin, s, t, in, bin), ref);
+  EXPECT_TRUE(g.pass) << g.str();
+  const double floor = 0.1 * tolerance(t);
+  EXPECT_LE(g.dq.rel_l2, 2 * c.dq.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+  EXPECT_LE(g.dk.rel_l2, 2 * c.dk.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+  EXPECT_LE(g.dv.rel_l2, 2 * c.dv.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
+}
+
 void expect_io_matches_model(const Rung& twin, DType t, const std::vector<AttentionShape>& shapes) {
   ASSERT_EQ(twin.backend(), Backend::Cpu);
   for (const AttentionShape& s : shapes) {

@@ -48,6 +48,12 @@ uint64_t base_seed();
 // for when both sit at rounding level), and every output element must have been written.
 void expect_ladder_cases_pass(const std::string& name, Backend b, DType t);
 
+// A GPU backward on one problem against the fp64 oracle, and within 2× its CPU twin's error (with
+// the same floor), every gradient element written; skips without a GPU that runs it.
+// `deterministic` runs the rung's deterministic mode.
+void expect_gpu_backward_matches_oracle_and_twin(const std::string& name, DType t, const AttentionShape& s,
+                                                 uint64_t seed, bool deterministic = false);
+
 // The twin's counted device-memory traffic equals the rung's closed form exactly.
 void expect_io_matches_model(const Rung& twin, DType t, const std::vector<AttentionShape>& shapes);
 

@@ -1,4 +1,5 @@
-// What rung 07's tensor-core versions share and none of them teaches (v1_mma.cu ... v5_wgmma.cu):
+// What rung 07's tensor-core versions (v1_mma.cu ... v4_2d_tiles.cu) and rung 09's share and none
+// of them teaches:
 // the preprocessing kernel (D = rowsum(dO ∘ O), dQ's accumulator zeroed), the walk of a K/V
 // block's steps over the Q blocks, the step's mask, the cp.async loads of a step's tiles, the last
 // pass that scales and rounds dQ, and the launch of the three kernels. A version file holds its
@@ -23,7 +24,6 @@
 #include "block_reduce.cuh"
 #include "cuda_check.cuh"
 #include "dispatch.cuh"
-#include "wgmma.cuh"
 
 namespace fl::backward::tc {
 
@@ -82,17 +82,19 @@ __global__ void preprocess_mma_kernel(const T* __restrict__ o, const T* __restri
 // a key of the block). A step is (h, ib): query head h of the group, Q block ib0 + ib; the kernels
 // walk them with a counter pair, so that no step needs an integer division. Each K/V block starts
 // its walk over the Q blocks at a different one (block j at j mod n_ib, and round from there), so
-// that the blocks running at the same time add into different rows of dQ.
+// that the blocks running at the same time add into different rows of dQ (unless `rotate` is false:
+// then every block walks them in order, from its first).
 template <int BR>
 struct StepWalk {
   int64_t j0;           // the block's first key
   int ib0, n_ib, rot;   // first Q block, how many, where the walk starts
-  __device__ StepWalk(unsigned jb, int BC, int64_t nq, int64_t nk, bool causal) : j0(int64_t(jb) * BC) {
+  __device__ StepWalk(unsigned jb, int BC, int64_t nq, int64_t nk, bool causal, bool rotate = true)
+      : j0(int64_t(jb) * BC) {
     const int64_t off = nk - nq;  // row i sees keys ≤ i + off (causal, aligned bottom-right)
     const int64_t first_row = causal ? std::max(int64_t(0), j0 - off) : 0;
     ib0 = int(first_row / BR);
     n_ib = first_row < nq ? int(ceil_div<int64_t>(nq, BR)) - ib0 : 0;
-    rot = n_ib > 0 ? int(jb % unsigned(n_ib)) : 0;
+    rot = rotate && n_ib > 0 ? int(jb % unsigned(n_ib)) : 0;
   }
   __device__ int64_t i0(int ib) const { return int64_t(ib0 + ib) * BR; }  // the Q block's first row
 };
@@ -129,9 +131,10 @@ __device__ __forceinline__ void load_q_block(const Copy& copy, T* Qs, T* dOs, fl
   }
 }
 
-// A thread block's K/V block (blockIdx: the block, its K/V head, the batch), its walk over the
-// steps, where a step's query rows start, and the cp.async loads of its tiles: the prologue the 2D
-// and wgmma kernels share. Q, dO, L and D have two buffers (buffer buf at Qs + buf·BR·D, ...).
+// A thread block's K/V block (blockIdx: the block, its K/V head, the batch; or K/V block jb of that
+// head and batch, walked with or without the rotation), its walk over the steps, where a step's
+// query rows start, and the cp.async loads of its tiles: the prologue the 2D kernel and rung 09's
+// wgmma kernels share. Q, dO, L and D have two buffers (buffer buf at Qs + buf·BR·D, ...).
 template <int BC, int BR, class T, class Copy>
 struct BlockTiles {
   static constexpr int D = Copy::kChunks * 8;
@@ -145,8 +148,12 @@ struct BlockTiles {
   int steps;                     // query heads of the group × Q blocks that see a key of the block
   __device__ BlockTiles(const Copy& copy, const T* q, const T* dout, const float* lse, const float* Dsum, T* Qs, T* dOs,
                         float* Ls, float* Ds, int heads, int group, int64_t nq, int64_t nk, bool causal)
+      : BlockTiles(copy, q, dout, lse, Dsum, Qs, dOs, Ls, Ds, heads, group, nq, nk, causal, blockIdx.x, true) {}
+  __device__ BlockTiles(const Copy& copy, const T* q, const T* dout, const float* lse, const float* Dsum, T* Qs, T* dOs,
+                        float* Ls, float* Ds, int heads, int group, int64_t nq, int64_t nk, bool causal, unsigned jb,
+                        bool rotate)
       : copy(copy), q(q), dout(dout), lse(lse), Dsum(Dsum), Qs(Qs), dOs(dOs), Ls(Ls), Ds(Ds),
-        walk(blockIdx.x, BC, nq, nk, causal), kv_row0((int64_t(blockIdx.z) * (heads / group) + blockIdx.y) * nk),
+        walk(jb, BC, nq, nk, causal, rotate), kv_row0((int64_t(blockIdx.z) * (heads / group) + blockIdx.y) * nk),
         q_head0((int64_t(blockIdx.z) * heads + int64_t(blockIdx.y) * group) * nq), nq(nq), steps(group * walk.n_ib) {}
   // The first row of step (h, ib)'s Q block in [B·H·Nq].
   __device__ int64_t q_row0(int h, int ib) const { return q_head0 + h * nq + walk.i0(ib); }
@@ -183,11 +190,11 @@ __global__ void convert_dq_kernel(const float* __restrict__ acc, T* __restrict__
 }
 
 // The three kernels of a backward call, on the call's stream: D and dQ's zeroed accumulator, the
-// version's main kernel (threads, keys per block and shared memory from its configuration), and
-// dQ = scale · accumulator in the dtype.
-template <class T, int D, class Kernel>
+// version's main kernel (threads, keys per block and shared memory from its configuration; `extra`
+// arguments after the common ones), and dQ = scale · accumulator in the dtype.
+template <class T, int D, class Kernel, class... Extra>
 void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, int threads, int block_keys,
-                 std::size_t smem_bytes) {
+                 std::size_t smem_bytes, Extra... extra) {
   const cudaStream_t stream = as_stream(a.stream);
   unsigned char* ws = static_cast<unsigned char*>(a.workspace);
   float* Dsum = reinterpret_cast<float*>(ws);
@@ -204,7 +211,7 @@ void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, 
   kernel<<<grid, threads, smem_bytes, stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
       static_cast<const T*>(a.dout), a.lse, Dsum, acc, static_cast<T*>(a.dk), static_cast<T*>(a.dv), int(s.heads),
-      int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal);
+      int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal, extra...);
   FL_CUDA_CHECK_LAUNCH();
 
   const int64_t n8 = s.q_elems() / 8;
@@ -213,14 +220,12 @@ void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, 
   FL_CUDA_CHECK_LAUNCH();
 }
 
-// wgmma runs here (wgmma.cuh): compute capability 9.0 and this rung built for sm_90a.
-inline bool wgmma_here() { return fl::wgmma::available(); }
-
-// Launch::run<T, D> for the call's dtype and head dim, after the checks every version's kernels
-// need: the grid's y and z limits, and 16-byte alignment.
-template <class Launch>
-void dispatch(Version v, const AttentionShape& s, DType t, const BackwardArgs& a) {
-  const std::string who = std::string("rung ") + info(v).name + " (cuda): ";
+// Launch::run<T, D>(v, s, a) for the call's dtype and head dim, after the checks every version's
+// kernels need: the grid's y and z limits, and 16-byte alignment. `name` is the version's
+// registered name, for the messages; V is its rung's Version.
+template <class Launch, class V>
+void dispatch_named(const char* name, V v, const AttentionShape& s, DType t, const BackwardArgs& a) {
+  const std::string who = std::string("rung ") + name + " (cuda): ";
   if (s.kv_heads > 65535 || s.batch > 65535) throw InputError(who + "kv_heads and batch must each be at most 65535");
   for (const void* p : {a.q, a.k, a.v, a.o, a.dout, static_cast<const void*>(a.dq), static_cast<const void*>(a.dk),
                         static_cast<const void*>(a.dv), static_cast<const void*>(a.workspace)})
@@ -228,6 +233,10 @@ void dispatch(Version v, const AttentionShape& s, DType t, const BackwardArgs& a
       throw InputError(who + "q, k, v, o, dout, dq, dk, dv and the workspace must be 16-byte aligned (the kernels "
                              "move them in 16-byte pieces); cudaMalloc and PyTorch allocations are");
   dispatch_16bit<Launch, 64, 128>(who, t, s.head_dim, v, s, a);
+}
+template <class Launch>
+void dispatch(Version v, const AttentionShape& s, DType t, const BackwardArgs& a) {
+  dispatch_named<Launch>(info(v).name, v, s, t, a);
 }
 
 // Adds version v's kernels to the registry at program start.

@@ -18,9 +18,10 @@
 //                                  the five products of a step as mma.sync, dQ added to an fp32
 //                                  workspace with atomics and rounded by a last pass (v1_mma.cu);
 //   .../v2_eight_warps, v3_kv_regs, v4_2d_tiles: one idea each (their files say which);
-//   .../v5_wgmma                   the step on Hopper's warpgroup MMA (sm_90a only);
-//   07_backward_recompute/mma      the fastest of v1..v5 that the GPU runs (fastest_version).
-// The tensor-core versions' forward is rung 06's v9_one_sync. One CPU twin (backward_recompute.cpp)
+//   07_backward_recompute/mma      the fastest of v1..v4 on this GPU (fastest_version).
+// The tensor-core versions' forward is rung 06's v9_one_sync. The same backward on Hopper's own
+// instructions (warpgroup MMA, TMA) is rung 09 (steps/09_hopper_backward), which reuses this rung's
+// twin, its IO model and the kernel parts in backward_mma.cuh. One CPU twin (backward_recompute.cpp)
 // serves every version, with the roundings and the block size of the version it stands for.
 #pragma once
 
@@ -34,7 +35,7 @@ namespace fl::backward {
 // Query rows per step, every kernel.
 inline constexpr int64_t kBr = 64;
 
-enum class Version { Fp32, V1Mma, V2EightWarps, V3KvRegs, V4Tiles2d, V5Wgmma, Fastest };
+enum class Version { Fp32, V1Mma, V2EightWarps, V3KvRegs, V4Tiles2d, Fastest };
 enum class Precision { Fp32, TensorCore };
 
 struct VersionInfo {
@@ -54,10 +55,8 @@ inline constexpr VersionInfo kVersions[] = {
      "v2 with K and V A-fragments held in registers for the whole block (d = 64)", 128},
     {Version::V4Tiles2d, "07_backward_recompute/v4_2d_tiles",
      "v3's step with each product given its own 4x2 warp layout; P and dS through shared memory", 128},
-    {Version::V5Wgmma, "07_backward_recompute/v5_wgmma",
-     "v4's step on Hopper's warpgroup MMA: operands read from shared memory by descriptor (sm_90a)", 128},
     {Version::Fastest, "07_backward_recompute/mma",
-     "the fastest tensor-core version this GPU runs: v5_wgmma on Hopper, else v3_kv_regs (d = 64) or v4_2d_tiles", 128},
+     "the fastest tensor-core version: v3_kv_regs at d = 64, v4_2d_tiles at d = 128", 128},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::Fastest) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
@@ -91,7 +90,7 @@ Capabilities capabilities(Precision p);
 // the products they feed, dQ accumulated in fp32 in the workspace, dK, dV, dQ rounded once).
 void twin_backward(const AttentionShape& s, DType t, const BackwardArgs& a, int64_t block_keys);
 
-// The version 07_backward_recompute/mma runs for this head dim on the current GPU (CUDA builds only).
+// The version 07_backward_recompute/mma runs for this head dim (CUDA builds only).
 Version fastest_version(int64_t head_dim);
 
 // A version's backward kernels (CUDA builds only): backward_recompute.cu and each tensor-core

@@ -10,10 +10,7 @@
 
 namespace fl::backward {
 
-Version fastest_version(int64_t head_dim) {
-  if (tc::wgmma_here()) return Version::V5Wgmma;                        // Hopper: warpgroup MMA
-  return head_dim == 64 ? Version::V3KvRegs : Version::V4Tiles2d;      // mma.sync elsewhere
-}
+Version fastest_version(int64_t head_dim) { return head_dim == 64 ? Version::V3KvRegs : Version::V4Tiles2d; }
 
 namespace {
 

@@ -6,29 +6,20 @@
 //     static const RegisterKernel<Launch> registered{kVersion};
 #pragma once
 
-#include <exception>
 #include <memory>
 #include <string>
 
-#include "../07_backward_recompute/wgmma.cuh"
 #include "cuda_check.cuh"
 #include "dispatch.cuh"
 #include "hopper_forward.hpp"
+#include "wgmma.cuh"
 
 namespace fl::hopper {
 
 inline constexpr float kLog2e = 1.4426950408889634f;  // exp(x) = 2^(x·log2 e)
 
 // Empty where wgmma runs; else what the rung needs (the rung's unavailable(): every check refuses).
-inline std::string why_not_here() {
-  try {
-    if (fl::wgmma::available()) return {};
-  } catch (const std::exception& e) {  // no GPU, no driver: say so, never throw from a question
-    return std::string("no GPU to run on (") + e.what() + ")";
-  }
-  return "it needs an sm_90 GPU (H100, H200) and the rung built for sm_90a (CMAKE_CUDA_ARCHITECTURES "
-         "containing 90); 06_tensor_core_mma/v9_one_sync runs on any GPU from sm_80";
-}
+inline std::string why_not_here() { return fl::wgmma::why_not_here("06_tensor_core_mma/v9_one_sync"); }
 
 template <class Launch>
 void dispatch(Version v, const AttentionShape& s, DType t, const ForwardArgs& a) {

@@ -1,10 +1,10 @@
-// Rung 07, v5_wgmma: v4's step on Hopper's warpgroup MMA (sm_90a only).
+// Rung 09, v1_wgmma: rung 07's v4 step on Hopper's warpgroup MMA (sm_90a only).
 //
-// What changed from v4: each product is one `wgmma` per 16-deep slice instead of a grid of
-// mma.sync, and there is no ldmatrix at all: wgmma reads its shared-memory operands itself,
-// described by a matrix descriptor (wgmma.cuh). The 8 warps are two warpgroups; warpgroup w owns
-// keys 64w..64w+63 of the block (B_c = 128) for Sᵀ, dPᵀ, dV and dK, as v1's warps own 16 keys
-// each, and the C-is-A trick carries over at warpgroup scale:
+// What changed from rung 07's v4_2d_tiles: each product is one `wgmma` per 16-deep slice instead
+// of a grid of mma.sync, and there is no ldmatrix at all: wgmma reads its shared-memory operands
+// itself, described by a matrix descriptor (rung 08's wgmma.cuh). The 8 warps are two warpgroups;
+// warpgroup w owns keys 64w..64w+63 of the block (B_c = 128) for Sᵀ, dPᵀ, dV and dK, as rung 07
+// v1's warps own 16 keys each, and the C-is-A trick carries over at warpgroup scale:
 //
 //   Sᵀ = K_j Q_iᵀ, dPᵀ = V_j dO_iᵀ   64 keys × 64 query rows each; A = K (V) rows, B = Q (dO) rows,
 //                                    both K-major (d contiguous)
@@ -19,16 +19,15 @@
 // while the tensor cores compute dPᵀ; dV, dK and dQ are one group behind the barrier for dSᵀ.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
-// with a message (Launch::run); the kernel itself traps where it was compiled without sm_90a.
-#include "backward_mma.cuh"
-#include "wgmma.cuh"
+// with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
+#include "launch.cuh"
 
-namespace fl::backward {
+namespace fl::hopper_backward {
 namespace {
 
-using namespace tc;  // kLog2e, StepMask, BlockTiles, atomic_add2, with_row_check, run_kernels, wgmma_here
+using namespace backward::tc;  // kLog2e, StepMask, BlockTiles, atomic_add2, with_row_check, run_kernels
 
-constexpr Version kVersion = Version::V5Wgmma;
+constexpr Version kVersion = Version::V1Wgmma;
 
 // ---- constants --------------------------------------------------------------------------------
 
@@ -38,7 +37,7 @@ struct Cfg {
   // K, V, Kᵀ; Q, dO twice; dSᵀ; L, D twice; 1 KB to align the tiles to 1024 bytes.
   static constexpr std::size_t kSmemBytes =
       std::size_t(3 * BC * D + 4 * BR * D + BC * BR) * 2 + 4 * BR * sizeof(float) + 1024;
-  static_assert(BC == info(kVersion).block_keys, "the twin's B_c is the kernel's");
+  static_assert(BC == kBc, "the twin's B_c is the kernel's");
 };
 
 // ---- kernel -----------------------------------------------------------------------------------
@@ -212,7 +211,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       }
   }
 #else
-  __trap();  // built without sm_90a: dispatch_variant never launches it (wgmma_here); never silently
+  __trap();  // built without sm_90a: dispatch never launches it (why_not_here); never silently
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -220,17 +219,13 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 
 struct Launch {
   template <class T, int D>
-  static void run(Version v, const AttentionShape& s, const BackwardArgs& a) {
-    if (!wgmma_here())
-      throw InputError(std::string("rung ") + info(v).name + " (cuda) needs an sm_90 GPU (H100, H200) and this rung "
-                       "built for sm_90a (CMAKE_CUDA_ARCHITECTURES containing 90); 07_backward_recompute/v4_2d_tiles "
-                       "runs on any GPU from sm_80");
+  static void run(Version, const AttentionShape& s, const BackwardArgs& a) {
     run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes);
   }
 };
 
 }  // namespace
 
-static const tc::RegisterKernel<Launch> registered{kVersion};
+static const RegisterKernel<Launch> registered{kVersion};
 
-}  // namespace fl::backward
+}  // namespace fl::hopper_backward

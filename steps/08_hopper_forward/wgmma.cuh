@@ -1,7 +1,7 @@
-// Hopper's warpgroup MMA (wgmma, sm_90a) as rung 07's backward and rung 08's forward use it: the
+// Hopper's warpgroup MMA (wgmma, sm_90a) as rung 08's forward and rung 09's backward use it: the
 // shared-memory tile layout it reads, the matrix descriptor that names such a tile, and the shapes
-// of `wgmma.mma_async` they issue (ss_n64, ss_n32 and rs_n64 for the backward; ss_n64, ss_n128 and
-// rs_n64 for the forward). Everything here compiles to nothing outside an sm_90a pass (guarded by
+// of `wgmma.mma_async` they issue (ss_n64, ss_n128 and rs_n64 for the forward; ss_n64, ss_n32 and
+// rs_n64 for the backward). Everything here compiles to nothing outside an sm_90a pass (guarded by
 // __CUDA_ARCH_FEAT_SM90_ALL at the call sites).
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multiple of 4). One
@@ -23,6 +23,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <exception>
+#include <string>
 #include <type_traits>
 
 #include "../06_tensor_core_mma/mma_sync.cuh"
@@ -44,6 +46,18 @@ inline bool available() {
 #else
   return false;
 #endif
+}
+
+// Empty where wgmma runs; else what a Hopper rung needs, naming `instead`, the version that runs on
+// any GPU from sm_80 (a rung's unavailable(): every check refuses with it).
+inline std::string why_not_here(const char* instead) {
+  try {
+    if (available()) return {};
+  } catch (const std::exception& e) {  // no GPU, no driver: say so, never throw from a question
+    return std::string("no GPU to run on (") + e.what() + ")";
+  }
+  return std::string("it needs an sm_90 GPU (H100, H200) and the rung built for sm_90a (CMAKE_CUDA_ARCHITECTURES "
+                     "containing 90); ") + instead + " runs on any GPU from sm_80";
 }
 
 // Byte offset of element (r, c) in a kRows × C panel tile.

@@ -1,0 +1,99 @@
+// Rung 09: the backward pass on Hopper's own instructions (sm_90a). Rung 07 builds the backward by
+// recomputation on mma.sync, which every GPU from sm_80 runs; this rung moves it onto warpgroup
+// MMA and the machinery rung 08 taught for the forward, one idea a version
+// (docs/09_hopper_backward.md):
+//   v1_wgmma          rung 07's v4 step on warpgroup MMA: every product one wgmma per 16-deep
+//                     slice, its operands read from shared memory by descriptor (P and dS from
+//                     registers); dQ added to an fp32 accumulator with atomics, as in rung 07.
+//   v2_deterministic  v1 with a deterministic mode: the K/V blocks add to each Q block's rows of
+//                     dQ one after another in a fixed order, handed on by a counter per Q block,
+//                     so the same inputs give the same bits on every run.
+//
+// The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
+// versions' twin with this rung's block of 128 keys); the forward these versions pair with is
+// rung 08's fastest version.
+#pragma once
+
+#include <iterator>
+#include <string>
+
+#include "../07_backward_recompute/backward_recompute.hpp"
+
+namespace fl::hopper_backward {
+
+enum class Version { V1Wgmma, V2Deterministic };
+
+struct VersionInfo {
+  Version version;
+  const char* name;
+  const char* idea;
+  bool deterministic;  // runs BackwardArgs::deterministic
+};
+inline constexpr VersionInfo kVersions[] = {
+    {Version::V1Wgmma, "09_hopper_backward/v1_wgmma",
+     "rung 07's backward step on Hopper's warpgroup MMA: operands read from shared memory by descriptor (sm_90a)",
+     false},
+    {Version::V2Deterministic, "09_hopper_backward/v2_deterministic",
+     "v1 + a deterministic mode: K/V blocks add to dQ in a fixed order, handed on by a counter per Q block", true},
+};
+constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
+static_assert(int(Version::V2Deterministic) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+
+// Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
+inline constexpr int64_t kBc = 128;
+
+// The forward the versions pair with (the ladder's and the C ABI's forward of a backward rung).
+inline constexpr const char* kForward = "08_hopper_forward/v6_wide_qk";
+
+// Device memory the backward adds: rung 07's (D, then dQ's fp32 accumulator), then one 32-bit turn
+// counter per (batch, query head, Q block of kBr rows), used by the deterministic mode.
+std::size_t workspace_bytes(const AttentionShape& s);
+std::size_t turn_offset(const AttentionShape& s);
+
+Capabilities capabilities(Version v);
+
+// A version's kernel launcher (CUDA builds only; each version file registers its own), and why
+// the kernels cannot run on this machine (empty when they can).
+using KernelFn = void (*)(Version, const AttentionShape&, DType, const BackwardArgs&);
+using WhyNotFn = std::string (*)();
+
+// One version on either backend: rung 07's twin with B_c = 128 (hopper_backward.cpp registers one
+// per version), or the version's kernels. The forward is rung 08's (kForward), on the same backend.
+template <Backend B>
+class HopperBackwardRung final : public Rung {
+ public:
+  explicit HopperBackwardRung(Version v, KernelFn kernel = nullptr, WhyNotFn why_not = nullptr)
+      : v_(v), kernel_(kernel), why_not_(why_not) {}
+  std::string name() const override { return info(v_).name; }
+  std::string idea() const override { return info(v_).idea; }
+  Backend backend() const override { return B; }
+  Capabilities caps() const override { return capabilities(v_); }
+  std::string unavailable() const override { return why_not_ ? why_not_() : std::string(); }
+  std::size_t workspace_bytes(const AttentionShape& s, DType t) const override {
+    return forward_rung().workspace_bytes(s, t);
+  }
+  std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override {
+    return hopper_backward::workspace_bytes(s);
+  }
+  IoModel modelled_backward_io(const AttentionShape& s, DType t) const override { return backward::io_model(s, t, kBc); }
+  IoModel modelled_io(const AttentionShape& s, DType t) const override { return forward_rung().modelled_io(s, t); }
+  void forward(const AttentionShape& s, DType t, const ForwardArgs& a) const override {
+    forward_rung().forward(s, t, a);
+  }
+  void backward(const AttentionShape& s, DType t, const BackwardArgs& a) const override {
+    if constexpr (B == Backend::Cpu) backward::twin_backward(s, t, a, kBc);
+    else kernel_(v_, s, t, a);
+  }
+
+ private:
+  const Rung& forward_rung() const {
+    const Rung* r = Registry::instance().find(kForward, backend());
+    if (!r) throw InputError("rung " + label() + " pairs with the forward of " + kForward + ", which this build lacks");
+    return *r;
+  }
+  Version v_;
+  KernelFn kernel_;
+  WhyNotFn why_not_;
+};
+
+}  // namespace fl::hopper_backward

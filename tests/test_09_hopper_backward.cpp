@@ -1,0 +1,148 @@
+// Rung 09: the backward pass on Hopper. Every version's gradients against the fp64 oracle's
+// backward and against rung 07's twin with this rung's blocks, on ragged, causal (rows that see no
+// key), GQA shapes, both head dims, fp16 and bf16; the deterministic mode's bits the same on every
+// run; the twin's traffic pinned to rung 07's closed form; and off Hopper, a refusal with a reason.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../steps/09_hopper_backward/hopper_backward.hpp"
+#include "conformance_tests.hpp"
+
+namespace fl::testing {
+namespace {
+
+std::vector<std::string> version_names() { return rung_names("09_hopper_backward"); }
+INSTANTIATE_TEST_SUITE_P(Rung09, RungConformance, ::testing::ValuesIn(version_names()), version_label);
+
+// Ragged, causal with Nq > Nk (rows that see no key) and Nq < Nk, GQA 3:1 and 2:1, a K/V block
+// of 200 keys (one whole and one part), and more Q blocks than K/V blocks and fewer.
+std::vector<AttentionShape> shapes() {
+  return {make_shape(1, 2, 2, 17, 17, 64, true),      make_shape(2, 3, 1, 113, 203, 64, true),
+          make_shape(1, 2, 2, 203, 113, 128, true),   make_shape(1, 4, 2, 77, 300, 128, false),
+          make_shape(1, 2, 1, 1000, 1000, 64, false), make_shape(1, 2, 2, 333, 333, 128, true),
+          make_shape(2, 4, 2, 390, 200, 128, true)};
+}
+
+TEST(HopperBackward, GpuGradientsMatchTheOracleAndTheTwin) {
+  uint64_t seed = base_seed();
+  for (const hopper_backward::VersionInfo& v : hopper_backward::kVersions)
+    for (DType t : {DType::F16, DType::BF16})
+      for (const AttentionShape& s : shapes()) expect_gpu_backward_matches_oracle_and_twin(v.name, t, s, seed += 2);
+}
+
+// The deterministic mode is still right: the same checks, the additions in their fixed order.
+TEST(HopperBackward, GpuDeterministicGradientsMatchTheOracleAndTheTwin) {
+  uint64_t seed = base_seed() + 1000;
+  for (const hopper_backward::VersionInfo& v : hopper_backward::kVersions) {
+    if (!v.deterministic) continue;
+    for (DType t : {DType::F16, DType::BF16})
+      for (const AttentionShape& s : shapes())
+        expect_gpu_backward_matches_oracle_and_twin(v.name, t, s, seed += 2, /*deterministic=*/true);
+  }
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Ten runs on the same inputs give the same bits of dQ, dK and dV. The shapes have many K/V blocks
+// adding to the same rows of dQ (up to 32), where the default mode's atomics arrive in an order
+// that changes from run to run.
+TEST(HopperBackward, GpuDeterministicModeGivesTheSameBitsEveryRun) {
+  uint64_t seed = base_seed() + 2000;
+  for (const hopper_backward::VersionInfo& v : hopper_backward::kVersions) {
+    if (!v.deterministic) continue;
+    FL_RUNG_OR_SKIP(gpu, v.name, Backend::Cuda);
+    for (DType t : {DType::F16, DType::BF16})
+      for (const AttentionShape& s : {make_shape(2, 4, 2, 1000, 4096, 128, false), make_shape(1, 8, 2, 4096, 4096, 64, true),
+                                      make_shape(1, 3, 1, 777, 1500, 128, true)}) {
+        SCOPED_TRACE(std::string(v.name) + " " + dtype_name(t) + " " + s.str() + " seed=" + std::to_string(seed));
+        const Inputs in = make_inputs(s, t, seed++);
+        const BackwardInputs bin = make_backward_inputs(s, t, in, seed++);
+        const BackwardOutputs first = run_backward(*gpu, s, t, in, bin, nullptr, true);
+        int differ = 0;
+        for (int run = 1; run < 10; ++run) {
+          const BackwardOutputs again = run_backward(*gpu, s, t, in, bin, nullptr, true);
+          differ += !same_bits(first.dq, again.dq) || !same_bits(first.dk, again.dk) || !same_bits(first.dv, again.dv);
+        }
+        EXPECT_EQ(differ, 0) << differ << " of 9 runs differ from the first in some bit of dQ, dK or dV";
+      }
+  }
+}
+
+// A version without the mode refuses it before any work, naming the versions that have it.
+TEST(HopperBackward, RefusesTheDeterministicModeWhereItHasNone) {
+  const AttentionShape s = make_shape(1, 2, 2, 64, 64, 64, false);
+  for (const hopper_backward::VersionInfo& v : hopper_backward::kVersions) {
+    const Rung* r = Registry::instance().find(v.name, Backend::Cuda);
+    if (!r) GTEST_SKIP() << "no CUDA build: " << v.name << " has no kernel here";
+    EXPECT_EQ(r->caps().deterministic_backward, v.deterministic) << v.name;
+    if (v.deterministic || !r->unavailable().empty()) continue;
+    int dummy = 0;
+    BackwardArgs a;
+    a.q = a.k = a.v = a.o = a.dout = &dummy;
+    a.lse = reinterpret_cast<const float*>(&dummy);
+    a.dq = a.dk = a.dv = a.workspace = &dummy;
+    a.deterministic = true;
+    try {
+      r->check(s, DType::BF16, a);
+      ADD_FAILURE() << v.name << " accepted the deterministic mode";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("v2_deterministic"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The twins' backward traffic is rung 07's closed form with B_c = 128.
+TEST(HopperBackward, TwinBackwardTrafficMatchesClosedForm) {
+  uint64_t seed = base_seed() + 3000;
+  for (const AttentionShape& s : {make_shape(1, 2, 1, 100, 130, 64, true), make_shape(2, 2, 2, 129, 257, 128, false),
+                                  make_shape(1, 4, 2, 70, 200, 64, true)})
+    for (const hopper_backward::VersionInfo& v : hopper_backward::kVersions) {
+      SCOPED_TRACE(std::string(v.name) + " " + s.str());
+      const Rung* twin = Registry::instance().find(v.name, Backend::Cpu);
+      ASSERT_NE(twin, nullptr);
+      const Inputs in = make_inputs(s, DType::BF16, seed++);
+      const BackwardInputs bin = make_backward_inputs(s, DType::BF16, in, seed++);
+      IoCounter io;
+      run_backward(*twin, s, DType::BF16, in, bin, &io);
+      const IoModel m = backward::io_model(s, DType::BF16, hopper_backward::kBc);
+      EXPECT_EQ(double(io.read), m.read);
+      EXPECT_EQ(double(io.written), m.written);
+      EXPECT_EQ(twin->modelled_backward_io(s, DType::BF16).read, m.read);
+    }
+}
+
+// The workspace: rung 07's (D, dQ's fp32 accumulator), then a turn counter per (b, h, Q block).
+TEST(HopperBackward, WorkspaceIsRung07sPlusATurnCounterPerQBlock) {
+  const AttentionShape s = make_shape(2, 16, 4, 1000, 3000, 128, true);
+  const Rung* twin = Registry::instance().find(hopper_backward::kVersions[0].name, Backend::Cpu);
+  ASSERT_NE(twin, nullptr);
+  const std::size_t rung07 = backward::workspace_bytes(s, backward::Precision::TensorCore);
+  EXPECT_EQ(hopper_backward::turn_offset(s) % 256, 0u);
+  EXPECT_GE(hopper_backward::turn_offset(s), rung07);
+  EXPECT_EQ(twin->backward_workspace_bytes(s, DType::BF16), hopper_backward::turn_offset(s) + 2 * 16 * 16 * sizeof(int));
+}
+
+// Off Hopper every check refuses with what the rung needs; on it, nothing is refused for that.
+TEST(HopperBackward, RefusesWhereWgmmaCannotRunAndSaysWhy) {
+  for (const std::string& name : version_names()) {
+    const Rung* r = Registry::instance().find(name, Backend::Cuda);
+    if (!r) GTEST_SKIP() << "no CUDA build: " << name << " has no kernel here";
+    const AttentionShape s = make_shape(1, 2, 1, 77, 130, 64, true);
+    const std::string why = r->unavailable();
+    std::string refusal;
+    const bool ok = r->supports(s, DType::BF16, &refusal);
+    if (why.empty()) {
+      EXPECT_TRUE(ok) << refusal;
+    } else {
+      EXPECT_FALSE(ok);
+      EXPECT_NE(refusal.find("cannot run here"), std::string::npos) << refusal;
+      EXPECT_NE(refusal.find(why), std::string::npos) << refusal;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fl::testing
