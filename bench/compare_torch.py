@@ -17,7 +17,10 @@ allocator and the same clock. For every shape and dtype it
       - every rung whose fl_rung_has_backward is 1: fl_forward once for its own O and lse, then
         fl_backward on NaN-poisoned dq, dk, dv, checked against the reference; then timed alone
         (phase "bwd": fl_backward on that O and lse) and with its forward (phase "fwd+bwd":
-        fl_forward then fl_backward per call);
+        fl_forward then fl_backward per call); the backward run --repeat-check more times and how
+        many gave the same bits recorded (identical_runs); a rung with a deterministic mode
+        (fl_rung_has_deterministic_backward) also in that mode: checked, repeated, timed (phase
+        "bwd-det": fl_backward_ex with FL_BACKWARD_DETERMINISTIC);
       - every SDPA backend through autograd, q, k, v requiring grad: phase "bwd" times
         torch.autograd.grad(out, (q, k, v), dO, retain_graph=True) on one forward's graph (the
         backward alone, the graph kept for the next call), phase "fwd+bwd" times a forward and
@@ -25,7 +28,7 @@ allocator and the same clock. For every shape and dtype it
   * prints each rung's forward time as a ratio to each SDPA backend, and a backward table with
     each kernel's bwd and fwd+bwd time and TFLOP/s and its backward's ratio to FlashAttention-2's
     (SDPA flash) and cuDNN's, and writes every row to --json. Rows carry kind ("rung", "sdpa",
-    "memory", ...) and phase ("fwd", "bwd", "fwd+bwd").
+    "memory", ...) and phase ("fwd", "bwd", "fwd+bwd", "bwd-det").
 
 TFLOP/s by shared/anchors.md: the forward 4·B·H·Nq·Nk·d (half when causal), the backward 2.5×
 that, forward+backward 3.5×.
@@ -83,6 +86,7 @@ except ImportError:  # said plainly: this script is for a machine that has PyTor
 
 FL_ABI_VERSION = 1  # must match FL_ABI_VERSION in capi/flash_ladder.h
 FL_DTYPES = {"fp32": (0, torch.float32), "fp16": (1, torch.float16), "bf16": (2, torch.bfloat16)}
+FL_BACKWARD_DETERMINISTIC = 1  # fl_backward_ex flags, capi/flash_ladder.h
 # Relative L2 error each dtype is held to against the fp64 reference (common/compare.cpp).
 TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 2e-2}
 SDPA_BACKENDS = ["flash", "cudnn", "efficient", "math"]
@@ -120,6 +124,7 @@ class Ladder:
             "fl_cuda_available": ([], I), "fl_last_error": ([], S), "fl_status_name": ([I], S),
             "fl_rung_count": ([], I), "fl_rung_name": ([I], S), "fl_rung_backend": ([I], S),
             "fl_rung_idea": ([I], S), "fl_rung_has_backward": ([I], I),
+            "fl_rung_has_deterministic_backward": ([I], I),
             "fl_rung_supports": ([S, S, shape, I], I),
             "fl_forward_workspace_bytes": ([S, S, shape, I, ctypes.POINTER(Z)], I),
             "fl_forward": ([S, shape, I, P, P, P, P, P, P, Z, P], I),
@@ -127,6 +132,7 @@ class Ladder:
             "fl_backward_workspace_bytes": ([S, S, shape, I, ctypes.POINTER(Z)], I),
             "fl_backward": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, P], I),
             "fl_backward_host": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, io], I),
+            "fl_backward_ex": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, ctypes.c_uint, P], I),
         }
         for name, (args, res) in sigs.items():
             fn = getattr(lib, name)
@@ -154,6 +160,12 @@ class Ladder:
         return [self.lib.fl_rung_name(i).decode() for i in range(n)
                 if self.lib.fl_rung_backend(i).decode() == backend
                 and (not backward or self.lib.fl_rung_has_backward(i))]
+
+    def has_deterministic_backward(self, rung: str, backend: str) -> bool:
+        """Whether fl_backward_ex runs FL_BACKWARD_DETERMINISTIC for this rung."""
+        n = self.lib.fl_rung_count()
+        return any(self.lib.fl_rung_name(i).decode() == rung and self.lib.fl_rung_backend(i).decode() == backend
+                   and self.lib.fl_rung_has_deterministic_backward(i) for i in range(n))
 
     def supports(self, rung: str, backend: str, shape: FlShape, dtype: str) -> tuple[bool, str]:
         ok = bool(self.lib.fl_rung_supports(rung.encode(), backend.encode(), ctypes.byref(shape),
@@ -196,6 +208,14 @@ class Ladder:
             v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
             dv.data_ptr(), ws.data_ptr() if ws is not None else None,
             ws.numel() if ws is not None else 0, stream))
+
+    def backward_deterministic(self, rung, shape, dtype, q, k, v, o, lse, dout, dq, dk, dv, ws, stream):
+        """fl_backward_ex with FL_BACKWARD_DETERMINISTIC: the same bits every run."""
+        self._check(self.lib.fl_backward_ex(
+            rung.encode(), ctypes.byref(shape), FL_DTYPES[dtype][0], q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+            dv.data_ptr(), ws.data_ptr() if ws is not None else None,
+            ws.numel() if ws is not None else 0, FL_BACKWARD_DETERMINISTIC, stream))
 
     def backward_host(self, rung, shape, dtype, q, k, v, o, lse, dout, dq, dk, dv, ws, stream=None):
         """Host tensors, the CPU twin's backward; `stream` is ignored."""
@@ -634,6 +654,20 @@ def gradient_stats(grads, refs, dtype: str) -> dict:
                 passed=all(e["bad"] == 0 and e["rel_err"] <= TOLERANCE[dtype] for e in stats.values()))
 
 
+def identical_runs(call, outputs, runs: int) -> str | None:
+    """Runs `call` `runs` more times after the one that wrote `outputs` and says how many of them
+    gave the same bits as that one, as "k/runs" (None when runs is 0)."""
+    if runs <= 0:
+        return None
+    first = [t.clone() for t in outputs]
+    same = 0
+    for _ in range(runs):
+        call()
+        torch.cuda.synchronize()
+        same += all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(first, outputs))
+    return f"{same}/{runs}"
+
+
 def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v, dout, row, timer,
                          stream, call, call_backward, backend: str) -> None:
     """The backward of every rung that has one and of every SDPA backend, on the same inputs and the
@@ -692,10 +726,24 @@ def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v
             if dev == "cuda":
                 torch.cuda.synchronize()  # a fault in a kernel surfaces here, not in the timing
             stats = gradient_stats((dq, dk, dv), grads_ref, dtype)
+            same = identical_runs(bwd, (dq, dk, dv), args.repeat_check) if dev == "cuda" else None
             ms, reps = timer(bwd)
-            row("rung", name, phase="bwd", ms=ms, reps=reps, workspace_bytes=ws_b, **stats)
+            row("rung", name, phase="bwd", ms=ms, reps=reps, workspace_bytes=ws_b, identical_runs=same, **stats)
             ms, reps = timer(lambda: (fwd(), bwd()))
             row("rung", name, phase="fwd+bwd", ms=ms, reps=reps, workspace_bytes=ws_fb + ws_b, **stats)
+            if dev == "cuda" and ladder.has_deterministic_backward(rung, backend):
+                # The deterministic mode on the same O and lse: checked, repeated, timed.
+                bwd_det = lambda: ladder.backward_deterministic(  # noqa: E731
+                    rung, shape.c(), dtype, q, k, v, o, lse, dout, dq, dk, dv, ws_bw, stream)
+                for g in (dq, dk, dv):
+                    g.fill_(float("nan"))
+                bwd_det()
+                torch.cuda.synchronize()
+                stats = gradient_stats((dq, dk, dv), grads_ref, dtype)
+                same = identical_runs(bwd_det, (dq, dk, dv), args.repeat_check)
+                ms, reps = timer(bwd_det)
+                row("rung", name, phase="bwd-det", ms=ms, reps=reps, workspace_bytes=ws_b,
+                    identical_runs=same, **stats)
         except Exception as e:
             bwd_rows("rung", name, error=short(e))
         finally:
@@ -1122,6 +1170,10 @@ def main(argv=None) -> int:
                     help="time under sustained load: S seconds of back-to-back calls, then five timed "
                          "stretches of S/5 seconds (no L2 flush); 0 (default): short bursts as above")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat-check", type=int, default=10, metavar="R",
+                    help="after a rung's backward, run it R more times and record in identical_runs how many "
+                         "gave the same dq, dk, dv bits (0: skip); rungs with a deterministic mode also get a "
+                         "phase 'bwd-det' row (fl_backward_ex, FL_BACKWARD_DETERMINISTIC)")
     ap.add_argument("--json", help="write every row to this file (a JSON list)")
     ap.add_argument("--no-backward", dest="backward", action="store_false",
                     help="forward only: leave out the backward (bwd) and forward+backward (fwd+bwd) "

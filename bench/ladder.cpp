@@ -92,6 +92,7 @@ struct Options {
   int64_t verify_rows = 0;         // 0: all rows up to kAllRowsUpTo, else a sample; -1: all
   std::string json;
   bool backward = true;            // the backward table, for rungs that have a backward pass
+  bool deterministic = false;      // every backward in the rung's deterministic mode
   bool list = false, help = false;
 
   AttentionShape shape() const {
@@ -156,6 +157,9 @@ Measuring:
                        run it: a GPU rung is timed on the problem and its gradients checked on it
                        up to B*H*Nq*Nk*d = 2^26 (past that on one group of heads with shorter
                        sequences); a CPU twin is timed and checked on at most 2^24 of it
+  --deterministic      run every backward in its deterministic mode (the same dQ, dK, dV bits on
+                       every run: rung 09's v2_deterministic and later); a GPU rung without
+                       one is left out of the backward table, with why
   --json FILE          also write the results as JSON to FILE
 
   --help               this text
@@ -212,6 +216,7 @@ Options parse_args(int argc, char** argv) {
     if (flag == "--help") o.help = switch_flag();
     else if (flag == "--list") o.list = switch_flag();
     else if (flag == "--no-backward") o.backward = !switch_flag();
+    else if (flag == "--deterministic") o.deterministic = switch_flag();
     else if (flag == "--causal") o.causal = switch_flag();
     else if (flag == "--rungs") o.rungs = next();
     else if (flag == "--device") {
@@ -253,7 +258,7 @@ Options parse_args(int argc, char** argv) {
     else
       throw UsageError("unknown flag '" + flag + "'; the flags are --rungs --device --batch --heads "
                        "--kv-heads --seq --seq-q --seq-k --head-dim --causal --scale --dtype --seed "
-                       "--inputs --warmup --reps --verify-rows --no-backward --json --list --help");
+                       "--inputs --warmup --reps --verify-rows --no-backward --deterministic --json --list --help");
   }
   return o;
 }
@@ -520,18 +525,20 @@ BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, con
   row.fwd_bwd_extra_bytes = double(r.workspace_bytes(row.shape, p.dtype)) + row.extra_bytes;
   if (const std::string out = twin_sits_out(r, p, opt); !out.empty()) return skip(out);
   if (const auto it = p.backward_skip.find(&r); it != p.backward_skip.end()) return skip(it->second);
+  if (opt.deterministic && on_gpu && !r.caps().deterministic_backward)
+    return skip("no deterministic backward (--deterministic)");
 
   std::cerr << "running the backward of " << r.label() << "...\n";
   try {
     // Gradients first, each poisoned (NaN) before the call, on the problem the oracle can afford;
     // a twin counts its traffic there (the problem it is timed on too).
     IoCounter io;
-    row.check = p.oracle.check_backward_of(r, row.check_shape, on_gpu ? nullptr : &io);
+    row.check = p.oracle.check_backward_of(r, row.check_shape, on_gpu ? nullptr : &io, opt.deterministic);
     if (!on_gpu) row.counted_io = double(io.total());
     row.status = row.check->pass ? Status::Pass : Status::Fail;
     if (!row.check->pass || row.check->passed_on_floor()) row.note = row.check->str();
     // Then the times; a failing rung is timed too, as in the forward table.
-    BackwardRun run(r, row.shape, p.dtype, p.oracle.backward_qkv(row.shape), p.oracle.dout_seed());
+    BackwardRun run(r, row.shape, p.dtype, p.oracle.backward_qkv(row.shape), p.oracle.dout_seed(), opt.deterministic);
     const int warmup = opt.warmup_for(r.backend()), reps = opt.reps_for(r.backend());
     row.bwd_ms = run.time_backward_ms(warmup, reps);
     row.fwd_bwd_ms = run.time_forward_backward_ms(warmup, reps);

@@ -263,14 +263,15 @@ fl::BackwardArgs backward_args(const void* q, const void* k, const void* v, cons
 // so the strings handed out through the ABI can be built once and live as long as the library.
 struct Entry {
   std::string name, backend, idea;
-  bool backward;
+  bool backward, deterministic;
 };
 
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> table = [] {
     std::vector<Entry> t;
     for (const fl::Rung* r : fl::Registry::instance().all())
-      t.push_back({r->name(), fl::backend_name(r->backend()), r->idea(), r->caps().backward});
+      t.push_back({r->name(), fl::backend_name(r->backend()), r->idea(), r->caps().backward,
+                   r->caps().backward && (r->backend() == Backend::Cpu || r->caps().deterministic_backward)});
     return t;
   }();
   return table;
@@ -349,6 +350,11 @@ const char* fl_rung_idea(int i) {
 int fl_rung_has_backward(int i) {
   const Entry* e = entry(i, "fl_rung_has_backward");
   return e && e->backward ? 1 : 0;
+}
+
+int fl_rung_has_deterministic_backward(int i) {
+  const Entry* e = entry(i, "fl_rung_has_deterministic_backward");
+  return e && e->deterministic ? 1 : 0;
 }
 
 int fl_rung_supports(const char* rung, const char* backend, const fl_shape* shape,
@@ -447,13 +453,24 @@ fl_status fl_backward(const char* rung, const fl_shape* shape, fl_dtype dtype, c
                       const void* k, const void* v, const void* o, const float* lse,
                       const void* dout, void* dq, void* dk, void* dv, void* workspace,
                       size_t workspace_bytes, void* cuda_stream) {
-  return guarded("fl_backward", [&] {
+  return fl_backward_ex(rung, shape, dtype, q, k, v, o, lse, dout, dq, dk, dv, workspace,
+                        workspace_bytes, 0u, cuda_stream);
+}
+
+fl_status fl_backward_ex(const char* rung, const fl_shape* shape, fl_dtype dtype, const void* q,
+                         const void* k, const void* v, const void* o, const float* lse,
+                         const void* dout, void* dq, void* dk, void* dv, void* workspace,
+                         size_t workspace_bytes, unsigned flags, void* cuda_stream) {
+  return guarded(flags ? "fl_backward_ex" : "fl_backward", [&] {
     // The arguments first: a bad shape is FL_ERR_INVALID on every machine, GPU or not.
     const fl::AttentionShape s = to_shape(shape);
     const DType t = to_dtype(dtype);
+    if (flags & ~FL_BACKWARD_DETERMINISTIC)
+      throw fl::InputError("fl_backward_ex: unknown flag bits " + std::to_string(flags & ~FL_BACKWARD_DETERMINISTIC) +
+                           "; the flags are FL_BACKWARD_DETERMINISTIC (1)");
     const fl::Rung& r = find_rung(rung, Backend::Cuda, "fl_backward_host");
-    const fl::BackwardArgs a =
-        backward_args(q, k, v, o, lse, dout, dq, dk, dv, workspace, cuda_stream);
+    fl::BackwardArgs a = backward_args(q, k, v, o, lse, dout, dq, dk, dv, workspace, cuda_stream);
+    a.deterministic = (flags & FL_BACKWARD_DETERMINISTIC) != 0;
     r.check(s, t, a);
     require_workspace(r, s, t, r.backward_workspace_bytes(s, t), workspace, workspace_bytes,
                       "fl_backward_workspace_bytes");

@@ -110,6 +110,9 @@ FL_API const char* fl_rung_name(int i);     /* "00_naive_eigen", "06_tensor_core
 FL_API const char* fl_rung_backend(int i);  /* "cpu" or "cuda" */
 FL_API const char* fl_rung_idea(int i);     /* one line: what the rung teaches */
 FL_API int fl_rung_has_backward(int i);     /* 1 if it implements fl_backward */
+/* 1 if its fl_backward_ex runs FL_BACKWARD_DETERMINISTIC (a GPU rung whose mode it is; every CPU
+ * twin with a backward is deterministic as it is) */
+FL_API int fl_rung_has_deterministic_backward(int i);
 
 /* 1 if rung `rung` on `backend` ("cpu" or "cuda") runs this shape and dtype; otherwise 0 and
  * fl_last_error() names what it refused and what it supports. */
@@ -156,6 +159,17 @@ FL_API fl_status fl_backward(const char* rung, const fl_shape* shape, fl_dtype d
                              const void* q, const void* k, const void* v, const void* o,
                              const float* lse, const void* dout, void* dq, void* dk, void* dv,
                              void* workspace, size_t workspace_bytes, void* cuda_stream);
+/* fl_backward with flags (0 is fl_backward itself):
+ *   FL_BACKWARD_DETERMINISTIC  the same dq, dk, dv bits on every run of the same inputs: the
+ *                              contributions to each element are added in a fixed order. Only rungs
+ *                              whose fl_rung_has_deterministic_backward is 1 run it; others refuse
+ *                              with FL_ERR_INVALID (an unknown flag bit too). */
+#define FL_BACKWARD_DETERMINISTIC 1u
+FL_API fl_status fl_backward_ex(const char* rung, const fl_shape* shape, fl_dtype dtype,
+                                const void* q, const void* k, const void* v, const void* o,
+                                const float* lse, const void* dout, void* dq, void* dk, void* dv,
+                                void* workspace, size_t workspace_bytes, unsigned flags,
+                                void* cuda_stream);
 /* io, if not NULL, receives the bytes the twin's backward moved and the rung's modelled backward
  * bytes (NaN where the rung has no closed form for its backward). */
 FL_API fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dtype dtype,

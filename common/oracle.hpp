@@ -150,11 +150,12 @@ class Oracle {
 
   // One backward of rung `r` on problem `s`, gradients poisoned first, checked against the oracle;
   // `io` counts a twin's traffic. Throws gpu::OutOfMemory when it does not fit.
-  BackwardCheck check_backward_of(const Rung& r, const AttentionShape& s, IoCounter* io = nullptr) {
+  BackwardCheck check_backward_of(const Rung& r, const AttentionShape& s, IoCounter* io = nullptr,
+                                  bool deterministic = false) {
     const ReferenceBackward& ref = backward(s);
     const ReferenceBackward& moved = backward_moved(s);
-    return check_backward(dtype_, run_backward(r, s, dtype_, backward_qkv(s), backward_inputs(s), io), ref, 0,
-                          &moved);
+    return check_backward(dtype_, run_backward(r, s, dtype_, backward_qkv(s), backward_inputs(s), io, deterministic),
+                          ref, 0, &moved);
   }
 
  private:

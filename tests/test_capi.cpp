@@ -340,6 +340,34 @@ TEST(CApi, BadArgumentsAreInvalidBeforeAGpuIsLookedFor) {
   EXPECT_TRUE(p.untouched());
 }
 
+// fl_backward_ex: an unknown flag is invalid on every machine; the deterministic flag is refused
+// by a GPU rung without the mode (where the build has it), before any work.
+TEST(CApi, BackwardFlagsAreCheckedBeforeAnyWork) {
+  HostProblem p(c_shape(1, 1, 1, 4, 4, 64, false), 1);
+  std::vector<float> g(256, kNaN);
+  std::vector<unsigned char> ws(1 << 20);
+  EXPECT_REFUSED(fl_backward_ex("07_backward_recompute", &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
+                                p.in.v.data(), p.o.data(), p.lse.data(), p.o.data(), g.data(), g.data(), g.data(),
+                                ws.data(), ws.size(), 6u, nullptr),
+                 FL_ERR_INVALID, "unknown flag bits 6");
+  bool listed = false;
+  for (int i = 0; i < fl_rung_count(); ++i) {
+    const std::string name = fl_rung_name(i), backend = fl_rung_backend(i);
+    if (backend == "cpu") EXPECT_EQ(fl_rung_has_deterministic_backward(i), fl_rung_has_backward(i)) << name;
+    if (name == "07_backward_recompute" && backend == "cuda") {
+      EXPECT_EQ(fl_rung_has_deterministic_backward(i), 0);
+      listed = true;
+    }
+    if (name == "09_hopper_backward/v2_deterministic" && backend == "cuda") EXPECT_EQ(fl_rung_has_deterministic_backward(i), 1);
+  }
+  if (!listed) GTEST_SKIP() << "no CUDA rungs in this build";
+  EXPECT_REFUSED(fl_backward_ex("07_backward_recompute", &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
+                                p.in.v.data(), p.o.data(), p.lse.data(), p.o.data(), g.data(), g.data(), g.data(),
+                                ws.data(), ws.size(), FL_BACKWARD_DETERMINISTIC, nullptr),
+                 FL_ERR_INVALID, "no deterministic backward");
+  EXPECT_TRUE(p.untouched());
+}
+
 // Without a GPU, the backward's entry point points to the backward's host twin, not the forward's.
 TEST(CApi, DeviceBackwardNamesTheHostBackward) {
   if (fl_cuda_available()) GTEST_SKIP() << "a GPU is present; the GPU tests cover the device path";
