@@ -498,7 +498,8 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     tdtype = FL_DTYPES[dtype][1]
     base = dict(meta, **asdict(shape), shape=shape.spec(), dtype=dtype, flops=shape.flops())
     # FLOPs of each phase by shared/anchors.md: the backward 2.5x the forward, both together 3.5x.
-    phase_flops = {"fwd": shape.flops(), "bwd": 2.5 * shape.flops(), "fwd+bwd": 3.5 * shape.flops()}
+    phase_flops = {"fwd": shape.flops(), "bwd": 2.5 * shape.flops(), "bwd-det": 2.5 * shape.flops(),
+                   "fwd+bwd": 3.5 * shape.flops()}
 
     def row(kind, name, phase="fwd", **kw):
         r = dict(base, kind=kind, name=name, phase=phase, flops=phase_flops[phase],

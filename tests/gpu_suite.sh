@@ -270,6 +270,15 @@ sanitize() {
         "$BUILD/bench/ladder" --device cuda --dtype "$dt" $problem --reps 1 --warmup 0 \
         --verify-rows all 2>&1 | tee -a "$TMP/sanitize_$tool.log" || rc=1
     done
+    # The deterministic backward (rung 09): its turn counters, waits and hand-overs, on a problem
+    # of several K/V blocks and Q blocks (causal, GQA).
+    if [[ $dt != fp32 ]]; then
+      echo "--- $tool, $dt: ladder --deterministic, rung 09"
+      "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 20 \
+        "$BUILD/bench/ladder" --device cuda --dtype "$dt" --rungs 09_hopper_backward --deterministic \
+        --seq-q 300 --seq-k 520 --heads 4 --kv-heads 2 --head-dim 128 --causal --reps 1 --warmup 0 \
+        --verify-rows all 2>&1 | tee -a "$TMP/sanitize_$tool.log" || rc=1
+    fi
   done
   # The backward kernels ran in the ladder above (its backward table, printed when a rung has a
   # backward pass); say so when none did, so that it does not pass unnoticed.
