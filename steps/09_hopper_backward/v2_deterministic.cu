@@ -9,15 +9,17 @@
 // What changed: in the deterministic mode the additions to each Q block's rows of dQ happen in a
 // fixed order, the K/V blocks of a head taking turns. Each (batch, query head, Q block) has a turn
 // counter in the workspace, zeroed before the kernel. A block computes its dQ share as before, then
-// waits until the counter shows its turn (`wait_turn`: one thread spins on an acquire load, the
-// block meets at a barrier), adds, and hands the turn on (`pass_turn`: a barrier, then one
-// thread's release increment). The order is the K/V blocks from the last to the first, and the
-// blocks are numbered so that the last is launched first (block jb runs as blockIdx.x =
-// n_kv − 1 − jb): a block only ever waits for blocks launched before it, which are running or
-// done, so the waits cannot deadlock. Causal, the last K/V block sees the fewest Q blocks and
-// starts nearest its diagonal: with every block walking its Q blocks in order from its first
-// (no rotation), block jb reaches Q block i about two steps after block jb + 1 did, so a turn is
-// usually ready when asked for. Without the mode the kernel is v1's.
+// waits until the counter shows its turn (one thread spins on an acquire load, `read_turn`, the
+// block meets at a barrier), adds, and hands the turn on (`hand_on`: one thread's release
+// increment). The hand-on waits until the block's additions have landed in L2; it is made in the
+// next step, after that step's first products are issued, so the tensor cores work while it waits
+// (and there the block also looks whether its next turn has already come). The order is the K/V
+// blocks from the last to the first, and the blocks are numbered so that the last is launched first
+// (block jb runs as blockIdx.x = n_kv − 1 − jb): a block only ever waits for blocks launched before
+// it, which are running or done, so the waits cannot deadlock. Every block walks its Q blocks in
+// order from its first (no rotation). Causal, the last K/V block sees the fewest Q blocks and
+// starts nearest its diagonal: block jb reaches Q block i about two steps after block jb + 1 did,
+// so a turn is usually ready when asked for. Without the mode the kernel is v1's.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -43,23 +45,18 @@ struct Cfg {
 
 // ---- device helpers ---------------------------------------------------------------------------
 
-// The thread block waits until the counter shows `turn`: thread 0 spins on an acquire load (so
-// every addition made before the counter moved is visible after), then the block meets.
-__device__ __forceinline__ void wait_turn(const int* counter, int turn) {
-  if (threadIdx.x == 0) {
-    int seen;
-    do {
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-    } while (seen != turn);
-  }
-  __syncthreads();
+// A turn counter read with acquire semantics: the additions made before the counter moved (by the
+// blocks whose turns came first) are ordered before whatever this thread does after.
+__device__ __forceinline__ int read_turn(const int* counter) {
+  int seen;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  return seen;
 }
 
-// Every thread of the block has added its share; thread 0 then moves the counter on with a
-// release (the block's additions are ordered before it).
-__device__ __forceinline__ void pass_turn(int* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+// The counter moved on with release semantics: every addition this block made before the barrier
+// that precedes the call (its threads' atomics) is ordered before the new value.
+__device__ __forceinline__ void hand_on(int* counter) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
@@ -100,6 +97,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   const int steps = tiles.steps;
   const int64_t n_qb = ceil_div<int64_t>(nq, BR);
   int* const head_turns = turns + (int64_t(blockIdx.z) * heads + int64_t(blockIdx.y) * group) * n_qb;
+  int* handed = nullptr;  // the counter of the last step's Q block, not yet moved on (thread 0)
   tiles.load_first(ks, vs, k, v, nk);
   cp_async_wait<0>();
   __syncthreads();
@@ -124,6 +122,10 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
     const float* Lb = Ls + buf * BR;
     const float* Db = Ds + buf * BR;
+    // This block's turn at the Q block: the blocks after it in the order (jb + 1 .. the last
+    // block that sees the Q block's last row) add first.
+    int* const turn = head_turns + h * n_qb + i0 / BR;
+    const int my_turn = int(std::min<int64_t>(causal ? (std::min(i0 + BR, nq) - 1 + off) / BC : n_kv - 1, n_kv - 1)) - jb;
 
     // Sᵀ and dPᵀ: k-step kk reads 16 columns of d, 32 bytes into panel kk / 4 of both operands.
     float st[32], dpt[32];
@@ -138,6 +140,17 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       ss_n64<T, 0, 0>(dpt, desc(vs + (kk / 4) * BC * 128 + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
                       desc(dob + (kk / 4) * BR * 128 + 32 * (kk % 4), 16, 1024), kk > 0);
     commit();
+    // While the tensor cores work: hand on the last step's turn (its additions all came before
+    // this step's barrier; the release waits for them to land, off the critical path now), and
+    // look whether this step's turn has come already.
+    bool ready = true;
+    if constexpr (kDeterministic) {
+      if (threadIdx.x == 0) {
+        if (handed) hand_on(handed);
+        ready = read_turn(turn) == my_turn;
+      }
+      handed = turn;
+    }
     wait<1>();  // Sᵀ is in; dPᵀ may still be running
     hold(st);
 
@@ -212,12 +225,11 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     // Element i of dq: query row 16·wr + g + 8·((i/2) % 2), column (D/2)·wg + 8·(i/4) + 2t + i%2.
     float* dst = dq_acc + (tiles.q_row0(h, ib) + 16 * wr + g) * D + (D / 2) * wg + 2 * t;
     const int64_t row = i0 + 16 * wr + g;
-    // This block's turn at the Q block: the blocks after it in the order (jb + 1 .. the last
-    // block that sees the Q block's last row) add first.
-    int* const turn = head_turns + h * n_qb + i0 / BR;
-    if constexpr (kDeterministic) {
-      const int64_t last = causal ? (std::min(i0 + BR, nq) - 1 + off) / BC : n_kv - 1;
-      wait_turn(turn, int(std::min<int64_t>(last, n_kv - 1)) - jb);
+    if constexpr (kDeterministic) {  // thread 0 waits for the turn, the block with it
+      if (threadIdx.x == 0 && !ready)
+        while (read_turn(turn) != my_turn) {
+        }
+      __syncthreads();
     }
     with_row_check(i0 + BR <= nq, nq, [&](auto in_range) {
 #pragma unroll
@@ -226,8 +238,11 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
         if (in_range(row + 8)) atomic_add2(dst + 8 * D + 8 * n, dq[4 * n + 2], dq[4 * n + 3]);
       }
     });
-    if constexpr (kDeterministic) pass_turn(turn);
     h = h_next, ib = ib_next;
+  }
+  if constexpr (kDeterministic) {  // the last step's turn
+    __syncthreads();
+    if (threadIdx.x == 0 && handed) hand_on(handed);
   }
 
   // dK_j = scale · Σ dSᵀ Q and dV_j, rounded once, for the keys that exist.
