@@ -49,7 +49,7 @@ from collections import OrderedDict
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("ladder", "bench", "torch", "memory", "io")
 # Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
-BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary")
+BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary", "bwd_grid_summary")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 
 # The one ratio convention of every table: speed relative to a peer, the peer's time over ours.
@@ -697,6 +697,10 @@ def probes_part(probes: list, rung: str) -> str:
         rows = [r for r in run.get("rows", []) if r.get("ms")]
         if not any(in_rung(rung_of(r), rung) for r in rows):
             continue
+        # A backward run: the backward alone ("bwd") and a deterministic mode's ("bwd-det") of each
+        # kernel, each its own column ("v2_deterministic bwd-det").
+        if any(phase(r) in ("bwd", "bwd-det") for r in rows):
+            rows = [dict(r, name="%s %s" % (r["name"], phase(r))) for r in rows if phase(r) in ("bwd", "bwd-det")]
         if len({r.get("dtype") for r in rows}) > 1:  # a run of several dtypes: a row per shape and dtype
             rows = [dict(r, shape="%s %s" % (r["shape"], r.get("dtype"))) for r in rows]
         kernels: list = []
@@ -708,8 +712,14 @@ def probes_part(probes: list, rung: str) -> str:
                 shapes.append(r["shape"])
         kernels.sort(key=kernel_key)
         cell = {(r["shape"], r["name"]): r for r in rows}
-        label = lambda k: k.split(" (")[0].replace(rung + "/", "") if not k.startswith("sdpa_") else \
-            dict(SDPA).get(k[5:], k) + " (SDPA)"
+
+        def label(k: str) -> str:
+            base, _, ph = k.partition(" ")
+            base = base if k.startswith("sdpa_") else k.split(" (")[0]
+            ph = ph.rsplit(") ", 1)[-1] if ")" in ph else ph
+            name = base.replace(rung + "/", "") if not base.startswith("sdpa_") else \
+                dict(SDPA).get(base[5:], base) + " (SDPA)"
+            return name + (" " + ph if ph in ("bwd", "bwd-det") else "")
         newest = max((k for k in kernels if in_rung(k.split(" (")[0], rung)), key=kernel_key)
         others = [k for k in kernels if k != newest]
         body = []
@@ -726,16 +736,16 @@ def probes_part(probes: list, rung: str) -> str:
     return "\n".join(out).strip("\n")
 
 
-def grid_summary_part(probes: list, rung: str) -> str:
-    """The summary table (summary_part) from the newest probes run marked "grid": true that measured
-    the rung, once per dtype it holds: for a rung whose versions were all measured together in a
-    run of their own rather than in torch.json's run."""
+def grid_summary_part(probes: list, rung: str, ph: str = "fwd") -> str:
+    """The summary table (summary_part) of phase `ph` from the newest probes run marked "grid": true
+    that measured the rung in that phase, once per dtype it holds: for a rung whose versions were
+    all measured together in a run of their own rather than in torch.json's run."""
     run = next((p for p in reversed(probes) if p.get("grid") and
-                any(in_rung(rung_of(r), rung) for r in p.get("rows", []))), None)
+                any(in_rung(rung_of(r), rung) and phase(r) == ph for r in p.get("rows", []))), None)
     if run is None:
         return ""
     dtypes = sorted({r.get("dtype") for r in run["rows"] if r.get("dtype")}, key=lambda t: (t != "bf16", dtype_key(t)))
-    return "\n\n".join(p for p in (summary_part(run["rows"], rung, "fwd", dtype=t, run_rows=run["rows"])
+    return "\n\n".join(p for p in (summary_part(run["rows"], rung, ph, dtype=t, run_rows=run["rows"])
                                     for t in dtypes) if p)
 
 
@@ -912,6 +922,8 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
                 return {"torch": backward_torch_part(trows, step) if torch_doc is not None else None}
             if kind == "probes":
                 return {"torch": probes_part(probes_doc, step) if isinstance(probes_doc, list) else None}
+            if kind == "bwd_grid_summary":
+                return {"torch": grid_summary_part(probes_doc, step, "bwd") if isinstance(probes_doc, list) else None}
             if kind == "grid_summary":
                 return {"torch": grid_summary_part(probes_doc, step) if isinstance(probes_doc, list) else None}
             if kind in ("summary", "bwd_summary"):
