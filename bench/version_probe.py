@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
-"""Rung 07's backward versions timed round-robin in ONE process against FlashAttention-2.
+"""Backward versions timed round-robin in ONE process against FlashAttention-2.
 
 FA2's time moves by a few percent between processes, as much as the differences between versions,
 so this probe keeps one process: for every shape of the bf16 grid (H = 16, B·N = 16384, N = 1024,
 4096, 16384, d = 64 and 128, causal and not) it makes the tensors once, then times SDPA's flash
 backend and every named version (registered rungs, called through the C ABI) in three interleaved
-rounds of four runs each, and prints each version's median over FA2's. A second library
+rounds of four runs each, and prints each version's median over FA2's. A version is named by its
+short name within rung 07 (v4_2d_tiles) or in full, rung included, for any other backward rung
+(09_hopper_backward/v1_wgmma, which needs an sm_90 GPU and a build for sm_90a). A second library
 (--base-lib, e.g. built from an earlier commit) joins as "base" with its rung --base-rung. It
 checks every version's gradients against FA2's (relative error, printed). Not part of the GPU
 suite: run it by hand when comparing versions (docs/07_backward_recompute.md's appendix has its
 numbers), or under a profiler with --only.
 
     python3 bench/version_probe.py --lib build-hopper/capi/libflash_ladder.so \\
-        --v64 v5_wgmma,v3_kv_regs,v4_2d_tiles --v128 v5_wgmma,v4_2d_tiles
+        --v64 v3_kv_regs,v4_2d_tiles,09_hopper_backward/v1_wgmma --v128 v4_2d_tiles,09_hopper_backward/v1_wgmma
 """
 from __future__ import annotations
 
@@ -21,8 +23,13 @@ import ctypes
 import statistics
 import sys
 
-PREFIX = "07_backward_recompute/"  # version names are given without it
+PREFIX = "07_backward_recompute/"  # rung 07's versions are given without it
 FORWARD = b"07_backward_recompute/mma"  # its forward (rung 06 v9) makes O and lse
+
+
+def full_name(version: str) -> str:
+    """The registered name of a version: a short name is rung 07's; a name with '/' is given whole."""
+    return version if "/" in version else PREFIX + version
 
 
 class FlShape(ctypes.Structure):
@@ -47,8 +54,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lib", required=True, help="libflash_ladder.so to probe")
     ap.add_argument("--base-lib", help="a second libflash_ladder.so, timed as 'base' with its rung --base-rung")
     ap.add_argument("--base-rung", default=PREFIX + "mma", help="the rung of --base-lib to time (default: %(default)s)")
-    ap.add_argument("--v64", default="v5_wgmma,v3_kv_regs,v4_2d_tiles", help="versions at d = 64, comma-separated")
-    ap.add_argument("--v128", default="v5_wgmma,v4_2d_tiles", help="versions at d = 128, comma-separated")
+    ap.add_argument("--v64", default="v3_kv_regs,v4_2d_tiles",
+                    help="versions at d = 64, comma-separated: rung 07's by short name, others in full "
+                         "(09_hopper_backward/v1_wgmma) (default: %(default)s)")
+    ap.add_argument("--v128", default="v4_2d_tiles",
+                    help="versions at d = 128, comma-separated, named as --v64's (default: %(default)s)")
     ap.add_argument("--only", metavar="D,N,CAUSAL",
                     help="one shape of the grid, e.g. 128,16384,0 (for a profiler: see docs/appendix/07_backward_recompute.md, 'On Hopper')")
     args = ap.parse_args(argv)
@@ -105,9 +115,13 @@ def main(argv=None) -> int:
         new = libs["new"]
         chk(new, new.fl_forward(FORWARD, ctypes.byref(s), 2, q.data_ptr(), k.data_ptr(), v.data_ptr(),
                                 o.data_ptr(), lse.data_ptr(), None, 0, None))
-        nb = ctypes.c_size_t(0)
-        chk(new, new.fl_backward_workspace_bytes(FORWARD, b"cuda", ctypes.byref(s), 2, ctypes.byref(nb)))
-        ws = torch.empty(nb.value, dtype=torch.uint8, device="cuda")
+        # One workspace for all: the largest any of them needs (rung 09's adds a counter per Q block).
+        need = 0
+        for rung in [FORWARD] + [full_name(v).encode() for v in variants[d]]:
+            nb = ctypes.c_size_t(0)
+            chk(new, new.fl_backward_workspace_bytes(rung, b"cuda", ctypes.byref(s), 2, ctypes.byref(nb)))
+            need = max(need, nb.value)
+        ws = torch.empty(need, dtype=torch.uint8, device="cuda")
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         stream = torch.cuda.current_stream().cuda_stream
 
@@ -132,7 +146,7 @@ def main(argv=None) -> int:
             if "base" in libs:
                 cands["base"] = ours(libs["base"], args.base_rung)
             for name in variants[d]:
-                cands[name] = ours(new, PREFIX + name)
+                cands[name] = ours(new, full_name(name))
             times = {c: [] for c in cands}
             for _ in range(3):
                 for c, fn in cands.items():
@@ -140,7 +154,7 @@ def main(argv=None) -> int:
         med = {c: statistics.median(t) for c, t in times.items()}
         errs = []
         for name in variants[d]:
-            ours(new, PREFIX + name)()
+            ours(new, full_name(name))()
             torch.cuda.synchronize()
             e = max(((a.float() - b.float()).norm() / b.float().norm()).item() for a, b in zip((dq, dk, dv), ref))
             errs.append(f"{name} {e:.1e}")
