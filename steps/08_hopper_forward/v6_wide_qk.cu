@@ -46,16 +46,6 @@ struct Cfg {
   static_assert(BR % 64 == 0 && BC == 128 && D % 64 == 0, "whole warpgroups and panels; S one n128 wide");
 };
 
-// ---- device helpers ---------------------------------------------------------------------------
-
-// A warpgroup's threads give back registers, or take more, as the warpgroup takes its role (sm_90a;
-// every thread of the warpgroup executes it; the kernel starts at 65536 / kThreads each,
-// rounded down to a multiple of 8: 168 for 384 threads).
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <class T, int D>

@@ -1,8 +1,9 @@
 // Hopper's warpgroup MMA (wgmma, sm_90a) as rung 08's forward and rung 09's backward use it: the
 // shared-memory tile layout it reads, the matrix descriptor that names such a tile, and the shapes
 // of `wgmma.mma_async` they issue (ss_n64, ss_n128 and rs_n64 for the forward; ss_n64, ss_n32 and
-// rs_n64 for the backward). Everything here compiles to nothing outside an sm_90a pass (guarded by
-// __CUDA_ARCH_FEAT_SM90_ALL at the call sites).
+// rs_n64 for the backward), and the register moves of warp specialization. Everything here
+// compiles to nothing outside an sm_90a pass (guarded by __CUDA_ARCH_FEAT_SM90_ALL at the call
+// sites).
 //
 // A warpgroup is 4 consecutive warps (128 threads, the first warp's index a multiple of 4). One
 // wgmma multiplies a 64 × 16 A by a 16 × N B into a 64 × N fp32 accumulator held in the
@@ -116,6 +117,15 @@ __device__ inline void wait() {
 // Shared-memory writes of the ordinary kind (st.shared, cp.async) become visible to wgmma, which
 // reads through the async proxy, only after this fence (and a barrier, for other threads' writes).
 __device__ inline void fence_shared_to_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Warp specialization (rung 08 from v4, rung 09 from v3): a warpgroup's threads give back
+// registers, or take more, as the warpgroup takes its role (sm_90a; every thread of the warpgroup
+// executes it; the kernel starts at 65536 / kThreads each, rounded down to a multiple of 8: 168
+// for 384 threads).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // Tells the compiler the accumulators are in use (by wgmma in flight), so it keeps them in place.
 template <int N>

@@ -8,9 +8,9 @@
 //   v2_deterministic  v1 with a deterministic mode: the K/V blocks add to each Q block's rows of
 //                     dQ one after another in a fixed order, handed on by a counter per Q block,
 //                     so the same inputs give the same bits on every run.
-//   v3_bulk_dq        v2 with dQ's additions made from shared memory by bulk reductions (one
-//                     instruction a row, done by the copy engine) instead of every thread's
-//                     atomics; the deterministic mode's turns handed on per warp.
+//   v3_dq_writer      v2 with a warp of its own for dQ (warp specialization): the others stage
+//                     their dQ share in shared memory, the writer adds it with bulk reductions
+//                     and, in the deterministic mode, waits for the turns while they go on.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -24,7 +24,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3BulkDq };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter };
 
 struct VersionInfo {
   Version version;
@@ -38,12 +38,13 @@ inline constexpr VersionInfo kVersions[] = {
      false},
     {Version::V2Deterministic, "09_hopper_backward/v2_deterministic",
      "v1 + a deterministic mode: K/V blocks add to dQ in a fixed order, handed on by a counter per Q block", true},
-    {Version::V3BulkDq, "09_hopper_backward/v3_bulk_dq",
-     "v2 + dQ staged in shared memory and added by bulk reductions (cp.reduce.async.bulk), one per row, not atomics",
+    {Version::V3DqWriter, "09_hopper_backward/v3_dq_writer",
+     "v2 + a warp of its own adds dQ (bulk reductions from a staging tile, a pair of rows each) and waits for the "
+     "turns",
      true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V3BulkDq) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V3DqWriter) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;

@@ -1,49 +1,73 @@
-// Rung 09, v3_bulk_dq: v2 with dQ's additions made by bulk reductions from shared memory.
+// Rung 09, v3_dq_writer: v2 with a warp of its own for dQ's additions (warp specialization).
 //
-// Why: in v1 and v2 every thread adds its share of dS_ij K_j to dQ's fp32 accumulator with its
-// own atomics, D/16 · 2 two-float reductions a step (16 at d = 128): 4096 small reductions a step
-// per thread block, each a separate request to L2. At d = 128 they bound the kernel (chapter 07's
-// profile: L2 busy at 53 %, warps stalled on the load/store queue). Hopper can add a whole run of
-// bytes from shared memory to global memory in one instruction, done by the copy engine beside
-// the SM (`cp.reduce.async.bulk ... .add.f32`, the bulk form of TMA's reductions): the requests
-// are whole 32-byte sectors, and the threads go on at once.
+// Why: in v2 the warps that multiply also add their dQ shares to global memory, and in the
+// deterministic mode they wait for their turn to do so: the block stops at a barrier until the
+// blocks before it have added and handed on, so every hand-over (the additions landing in L2, the
+// counter moving, the next block seeing it) sits on the critical path, once a step. Nsight Compute
+// shows it (H100, d = 64, N = 4096): stalls at barriers go from 0.41 to 1.55 cycles per issued
+// instruction between the default and the deterministic mode. And v3's first form, every warp
+// adding its rows by bulk reductions itself, showed the atomics' own cost was hidden: fewer L2
+// requests, the same time (docs/appendix/09_hopper_backward.md).
 //
-// What changed: each warp writes its 16 rows × D/2 columns of the step's dQ share into its own
-// staging tile in shared memory (rows padded by 8 floats, so a warp's stores hit every bank once
-// per 256 bytes), makes the writes visible to the async proxy, and 16 of its lanes each hand one
-// row to a bulk reduction (`bulk_add`: D/2 floats, 256 bytes at d = 128). Before the next step
-// writes the tile again those lanes wait until their reductions have read it (`bulk_wait_read`),
-// which is long done by then. The deterministic mode keeps v2's turns, now per warp: the turn
-// counter of a Q block moves on once for each of the block's 8 warps (`kWarps`), a warp adds when
-// every warp of the blocks before it has handed on, and hands on itself once its own reductions
-// have landed (`bulk_wait_all`), under the next step's first products as in v2. Without block
-// barriers for the turns, a warp of one block waits only for what it must.
+// What changed: the thread block gains a third warpgroup, whose first warp is the dQ writer.
+// The two warpgroups that multiply write their dQ share of the step into a staging tile in shared
+// memory, make it visible to the async proxy and arrive on the mbarrier `full` (one arrival a
+// warp). The writer waits on it and adds the tile to dQ's accumulator with bulk reductions
+// (`cp.reduce.async.bulk ... .add.f32`, done by the copy engine), one per pair of rows: 32 a step,
+// each lane one. The writer issues them one after another, so their number, not their bytes, sets
+// its pace: with one a row it fell behind at d = 64 (the appendix has the measurement). The tile
+// keeps each pair of rows contiguous, as in dQ, and pads each pair by 8 floats to spread a warp's
+// stores over the banks. Once the reductions have read the tile the writer arrives on `empty`,
+// and only then do the others write it again (at d = 64 there are two tiles, used in turn). In the
+// deterministic mode the writer, not the block, waits for the turn (v2's counters and order) and
+// hands it on as soon as its additions have landed, while the others go on with the next step's
+// products: they wait only when a turn comes about kStages steps late. As in v2, that the waits
+// cannot deadlock rests on blocks being launched in the order of their index, which the hardware
+// does but CUDA does not promise. The writer needs few registers, so its warpgroup gives them to
+// the two others (`setmaxnreg`, as rung 08's v4 does), which now meet at a named barrier of their
+// 256 threads instead of __syncthreads.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
+#include "../08_hopper_forward/tma.cuh"
 #include "launch.cuh"
 
 namespace fl::hopper_backward {
 namespace {
 
-using namespace backward::tc;  // kLog2e, StepMask, BlockTiles, atomic_add2, with_row_check, run_kernels
+using namespace backward::tc;  // kLog2e, StepMask, BlockTiles, run_kernels
 
-constexpr Version kVersion = Version::V3BulkDq;
+constexpr Version kVersion = Version::V3DqWriter;
 
 // ---- constants --------------------------------------------------------------------------------
 
 template <int D>
 struct Cfg {
-  static constexpr int kThreads = 256, BC = 128, BR = 64, kWarps = kThreads / 32;
-  // A warp's dQ staging tile: 16 rows of D/2 floats, each padded by 8 (32 bytes).
-  static constexpr int kStageLd = D / 2 + 8, kStageFloats = 16 * kStageLd;
-  // K, V, Kᵀ; Q, dO twice; dSᵀ; L, D twice; the warps' dQ staging; 1 KB to align the tiles to 1024 bytes.
+  static constexpr int kMma = 256, kThreads = kMma + 128, BC = 128, BR = 64;  // + the writer's warpgroup
+  // Registers a thread after setmaxnreg. The block is launched with kLaunchRegs a thread (168:
+  // 65536 / 384, rounded down to a multiple of 8), and setmaxnreg.inc can only take what the
+  // writer's warpgroup gave back: 256 · (240 − 168) = 128 · (168 − 24). Ask for more and it waits
+  // forever.
+  static constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8, kMmaRegs = 240, kWriterRegs = 24;
+  static_assert(kMma * (kMmaRegs - kLaunchRegs) <= 128 * (kLaunchRegs - kWriterRegs), "setmaxnreg.inc would wait forever");
+  // dQ's staging tile: BR rows of D floats, in pairs of rows one after the other (what one bulk
+  // reduction adds: two rows of dQ are contiguous in global memory too), each pair followed by 8
+  // floats of padding, so that the four pairs among the 8 rows a warp stores to at once start in
+  // four different groups of 8 banks.
+  static constexpr int kPairLd = 2 * D + 8, kTileFloats = BR / 2 * kPairLd;
+  __device__ static constexpr int at(int r) { return r / 2 * kPairLd + r % 2 * D; }  // row r's first float
+  static constexpr int kStages = D == 64 ? 2 : 1;  // staging tiles: two where shared memory has room
+  // K, V, Kᵀ; Q, dO twice; dSᵀ; L, D twice; dQ's staging tiles; 1 KB to align the tiles to 1024
+  // bytes; two mbarriers a staging tile.
   static constexpr std::size_t kSmemBytes = std::size_t(3 * BC * D + 4 * BR * D + BC * BR) * 2 +
-                                            (4 * BR + kWarps * kStageFloats) * sizeof(float) + 1024;
+                                            (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages;
   static_assert(BC == kBc, "the twin's B_c is the kernel's");
 };
 
 // ---- device helpers ---------------------------------------------------------------------------
+
+// The 256 threads that multiply meet (named barrier 1; the writer's warpgroup does not take part).
+__device__ __forceinline__ void sync_mma() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 
 // dst[0 .. bytes/4) += src[...] in fp32, element by element, done by the bulk-copy engine: the
 // thread issues it and goes on. Both addresses 16-byte aligned, bytes a multiple of 16. The
@@ -70,8 +94,8 @@ __device__ __forceinline__ int read_turn(const int* counter) {
   return seen;
 }
 
-// The counter moved on with release semantics: every addition the warp's lanes saw land before the
-// __syncwarp that precedes the call is ordered before the new value.
+// The counter moved on with release semantics: every addition the writer saw land before the call
+// is ordered before the new value.
 __device__ __forceinline__ void hand_on(int* counter) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
 }
@@ -88,7 +112,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace fl::wgmma;
   using C = Cfg<D>;
-  constexpr int BC = C::BC, BR = C::BR, kThreads = C::kThreads, kWarps = C::kWarps, P = D / 64;  // P: 64-column panels of d
+  constexpr int BC = C::BC, BR = C::BR, kMma = C::kMma, P = D / 64;  // P: 64-column panels of d
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma's 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary.
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
@@ -100,10 +124,15 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   T* dSs = dOs + 2 * BR * D;                                // [BC][BR]  dSᵀ of the step
   float* Ls = reinterpret_cast<float*>(dSs + BC * BR);      // [2][BR]
   float* Ds = Ls + 2 * BR;                                  // [2][BR]
-  float* dQs = Ds + 2 * BR;                                 // [kWarps][16][kStageLd]  dQ shares, staged
+  float* dQs = Ds + 2 * BR;                                 // [kStages][kTileFloats]  steps' dQ shares
+  // Staging tile sb's mbarriers: full(sb), every warp that multiplies has staged its share;
+  // empty(sb), the writer's bulk reductions have read it.
+  const uint32_t bars = smem_u32(dQs + C::kStages * C::kTileFloats);
+  const auto full = [bars](int sb) { return bars + 16u * sb; };
+  const auto empty = [bars](int sb) { return bars + 16u * sb + 8u; };
 
   const int wg = threadIdx.x / 128, wr = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const PanelCopy<D, kThreads> copy(threadIdx.x);
+  const PanelCopy<D, kMma> copy(threadIdx.x);
   const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), kts = smem_u32(Kt), ds_s = smem_u32(dSs);
   const int key0 = 64 * wg + 16 * wr;  // the thread's first key (and +8) in Sᵀ, dPᵀ, dV, dK
   // Deterministic: the last K/V block first, each walking its Q blocks in order.
@@ -113,15 +142,65 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   const StepWalk<BR>& walk = tiles.walk;
   const int64_t j0 = walk.j0, kv_row0 = tiles.kv_row0, off = nk - nq;
   const int steps = tiles.steps;
-  const int64_t n_qb = ceil_div<int64_t>(nq, BR);
-  int* const head_turns = turns + (int64_t(blockIdx.z) * heads + int64_t(blockIdx.y) * group) * n_qb;
-  int* handed = nullptr;  // the counter of the last step's Q block, not yet moved on by this warp
-  float* const stage = dQs + (4 * wg + wr) * C::kStageFloats;  // this warp's staging tile
+  if (threadIdx.x == 0) {
+    for (int sb = 0; sb < C::kStages; ++sb) {
+      tma::mbar_init(full(sb), kMma / 32);  // one arrival from each warp that multiplies
+      tma::mbar_init(empty(sb), 1);         // the writer's
+    }
+    tma::mbar_init_fence();
+  }
+  __syncthreads();  // the mbarriers are initialised, for every thread and for the copy engine
+
+  if (wg == 2) {  // ---- the dQ writer: the warpgroup's first warp; the others are done ----
+    setmaxnreg_dec<C::kWriterRegs>();
+    if (wr != 0) return;
+    const int64_t n_qb = ceil_div<int64_t>(nq, BR);
+    int* const head_turns = turns + (int64_t(blockIdx.z) * heads + int64_t(blockIdx.y) * group) * n_qb;
+    int h = 0, ib = walk.rot;
+    for (int step = 0; step < steps; ++step) {
+      const int64_t i0 = walk.i0(ib);
+      const int sb = step % C::kStages;  // the staging tile
+      tma::mbar_wait(full(sb), (step / C::kStages) & 1);  // the step's dQ share is staged
+      // This block's turn at the Q block: the blocks after it in the order (jb + 1 .. the last
+      // block that sees the Q block's last row) add first.
+      int* const turn = head_turns + h * n_qb + (walk.ib0 + ib);
+      if constexpr (kDeterministic) {
+        const int my_turn = (causal ? int(std::min<int64_t>((std::min(i0 + BR, nq) - 1 + off) / BC, n_kv - 1)) : n_kv - 1) - jb;
+        if (lane == 0)
+          while (read_turn(turn) != my_turn) {
+          }
+        __syncwarp();
+        fence_async_global();
+      }
+      // Lane l adds rows 2l and 2l + 1 of the tile, those that exist, to dQ's accumulator.
+      const int r = 2 * lane;
+      if (const int64_t rows = std::min<int64_t>(2, nq - (i0 + r)); rows > 0)
+        bulk_add(dq_acc + (tiles.q_row0(h, ib) + r) * D, smem_u32(dQs + sb * C::kTileFloats + C::at(r)),
+                 uint32_t(rows) * D * sizeof(float));
+      bulk_commit();
+      bulk_wait_read();
+      __syncwarp();
+      if (lane == 0) tma::mbar_arrive(empty(sb));  // the tile may be written again
+      if constexpr (kDeterministic) {          // the turn moves on once the additions have landed
+        bulk_wait_all();
+        fence_async_global();
+        __syncwarp();
+        if (lane == 0) hand_on(turn);
+      }
+      ib = ib + 1 < walk.n_ib ? ib + 1 : 0;
+      h = ib == walk.rot ? h + 1 : h;
+    }
+    bulk_wait_all();  // every addition has been made before the block ends
+    return;
+  }
+
+  // ---- the two warpgroups that multiply ----
+  setmaxnreg_inc<C::kMmaRegs>();
   tiles.load_first(ks, vs, k, v, nk);
   cp_async_wait<0>();
-  __syncthreads();
+  sync_mma();
   // K_jᵀ once: element (n, key) of a D × BC panel tile is K[key][n]. Two keys per 32-bit store.
-  for (int i = threadIdx.x; i < BC * D / 2; i += kThreads) {
+  for (int i = threadIdx.x; i < BC * D / 2; i += kMma) {
     const int n = i % D, key = 2 * (i / D);
     const T lo = Ks[panel_at<BC>(key, n) / 2], hi = Ks[panel_at<BC>(key + 1, n) / 2];
     *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(Kt) + panel_at<D>(n, key)) = pack<T>(lo, hi);
@@ -135,17 +214,12 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     const int buf = step & 1;
     cp_async_wait<0>();
     fence_shared_to_async();
-    __syncthreads();  // the step's tiles (and Kᵀ) are in, visible to wgmma; the last step is done
+    sync_mma();  // the step's tiles (and Kᵀ) are in, visible to wgmma; the last step is done
     tiles.prefetch(step, h_next, ib_next, buf);
     const int64_t i0 = walk.i0(ib);
     const uint32_t qb = smem_u32(Qs + buf * BR * D), dob = smem_u32(dOs + buf * BR * D);
     const float* Lb = Ls + buf * BR;
     const float* Db = Ds + buf * BR;
-    // This block's turn at the Q block: the blocks after it in the order (jb + 1 .. the last
-    // block that sees the Q block's last row) add first, each of their warps handing on once.
-    int* const turn = head_turns + h * n_qb + i0 / BR;
-    const int my_turn =
-        kWarps * (int(std::min<int64_t>(causal ? (std::min(i0 + BR, nq) - 1 + off) / BC : n_kv - 1, n_kv - 1)) - jb);
 
     // Sᵀ and dPᵀ: k-step kk reads 16 columns of d, 32 bytes into panel kk / 4 of both operands.
     float st[32], dpt[32];
@@ -160,16 +234,6 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       ss_n64<T, 0, 0>(dpt, desc(vs + (kk / 4) * BC * 128 + 64 * wg * 128 + 32 * (kk % 4), 16, 1024),
                       desc(dob + (kk / 4) * BR * 128 + 32 * (kk % 4), 16, 1024), kk > 0);
     commit();
-    // While the tensor cores work: the warp hands on the last step's turn once its lanes' bulk
-    // reductions have landed (waiting for them here is off the critical path).
-    if constexpr (kDeterministic) {
-      if (handed) {
-        if (lane < 16) bulk_wait_all(), fence_async_global();
-        __syncwarp();
-        if (lane == 0) hand_on(handed);
-      }
-      handed = turn;
-    }
     wait<1>();  // Sᵀ is in; dPᵀ may still be running
     hold(st);
 
@@ -222,7 +286,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       }
     commit();
     fence_shared_to_async();
-    __syncthreads();  // all of dSᵀ is in shared memory, visible to wgmma
+    sync_mma();  // all of dSᵀ is in shared memory, visible to wgmma
 
     // dQ_i += dS K_j, warpgroup wg: columns (D/2)·wg..; k-step kk is keys 16kk.. : 2048 bytes
     // into dSᵀ (MN-major A), 32 bytes into panel kk / 4 of Kᵀ (K-major B), whose rows (D/2)·wg..
@@ -237,41 +301,24 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       else ss_n32<T, 1, 0>(dq, a, bk, kk > 0);
     }
     commit();
-    if (lane < 16) bulk_wait_read();  // the last step's reductions have read the staging tile
     wait<0>();
 #pragma unroll
     for (int pc = 0; pc < P; ++pc) hold(dv_acc[pc]), hold(dk_acc[pc]);
     hold(dq);
-    __syncwarp();
-    // Element i of dq: the warp's row g + 8·((i/2) % 2) (query row i0 + 16·wr + that), column
-    // (D/2)·wg + 8·(i/4) + 2t + i%2: column 8·(i/4) + 2t + i%2 of the staging tile.
+    // Once the writer has read the tile this step reuses (kStages steps ago), element i of dq goes
+    // to its row 16·wr + g + 8·((i/2) % 2), column (D/2)·wg + 8·(i/4) + 2t + i%2.
+    const int sb = step % C::kStages;  // the staging tile
+    if (step >= C::kStages) tma::mbar_wait(empty(sb), (step / C::kStages - 1) & 1);
+    float* const tile = dQs + sb * C::kTileFloats + C::at(16 * wr + g) + (D / 2) * wg + 2 * t;
 #pragma unroll
     for (int n = 0; n < D / 16; ++n) {
-      *reinterpret_cast<float2*>(stage + g * C::kStageLd + 8 * n + 2 * t) = make_float2(dq[4 * n], dq[4 * n + 1]);
-      *reinterpret_cast<float2*>(stage + (g + 8) * C::kStageLd + 8 * n + 2 * t) =
-          make_float2(dq[4 * n + 2], dq[4 * n + 3]);
+      *reinterpret_cast<float2*>(tile + 8 * n) = make_float2(dq[4 * n], dq[4 * n + 1]);
+      *reinterpret_cast<float2*>(tile + (C::at(8) - C::at(0)) + 8 * n) = make_float2(dq[4 * n + 2], dq[4 * n + 3]);
     }
     fence_shared_to_async();
-    __syncwarp();  // the warp's share is in its tile, visible to the bulk copies
-    // Lane r < 16 adds row r of the tile (query row i0 + 16·wr + r, if it exists) to dQ.
-    if (lane < 16) {
-      if constexpr (kDeterministic) {  // the lanes wait for the warp's turn
-        while (read_turn(turn) < my_turn) {
-        }
-        fence_async_global();
-      }
-      if (i0 + 16 * wr + lane < nq)
-        bulk_add(dq_acc + (tiles.q_row0(h, ib) + 16 * wr + lane) * D + (D / 2) * wg, smem_u32(stage + lane * C::kStageLd),
-                 (D / 2) * sizeof(float));
-      bulk_commit();
-    }
-    h = h_next, ib = ib_next;
-  }
-  // Every reduction has landed (and read its tile) before the block ends; the last step's turn.
-  if (lane < 16) bulk_wait_all(), fence_async_global();
-  if constexpr (kDeterministic) {
     __syncwarp();
-    if (lane == 0 && handed) hand_on(handed);
+    if (lane == 0) tma::mbar_arrive(full(sb));  // the warp's share, to the writer
+    h = h_next, ib = ib_next;
   }
 
   // dK_j = scale · Σ dSᵀ Q and dV_j, rounded once, for the keys that exist.
