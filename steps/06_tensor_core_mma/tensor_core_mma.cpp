@@ -5,17 +5,12 @@
 #include <limits>
 
 #include "twin.hpp"
+#include "twin_step.hpp"
 
 namespace fl::tensor_core_mma {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// x rounded to the 16-bit type T and back: what the kernel does to P before the second product.
-template <class T>
-Block round_to_type(const Block& x) {
-  return x.unaryExpr([](float v) { return float(T(v)); });
-}
 
 template <class T>  // Eigen::half or Eigen::bfloat16: the storage type of Q, K, V and O
 void twin(const AttentionShape& s, const ForwardArgs& a, IoCounter& io, Tiling tile) {
@@ -44,20 +39,10 @@ void twin(const AttentionShape& s, const ForwardArgs& a, IoCounter& io, Tiling t
           for (int64_t r = 0; r < br; ++r) {
             for (int64_t c = 0; c < bc; ++c)
               if (j0 + c > s.last_key(i0 + r)) S(r, c) = kNegInf;
-            const float m_new = std::max(st[r].m, S.row(r).maxCoeff());
-            if (m_new == kNegInf) continue;
-            const float alpha = std::exp(st[r].m - m_new);
-            const Block P = (S.row(r).array() - m_new).exp().matrix();
-            st[r] = {m_new, alpha * st[r].l + P.sum()};              // ℓ from the fp32 P
-            acc.row(r) = alpha * acc.row(r) + round_to_type<T>(P) * Vj;  // P·V from the rounded P
+            twin_row_step<T>(S, r, Vj, acc, st[r]);  // P rounded to T before P·V
           }
         }
-        Block lse(br, 1);
-        for (int64_t r = 0; r < br; ++r) {
-          const bool seen = st[r].l > 0.f;
-          acc.row(r) *= seen ? 1.f / st[r].l : 0.f;
-          lse(r, 0) = seen ? st[r].m + std::log(st[r].l) : kNegInf;
-        }
+        const Block lse = twin_finish(acc, st);
         O.store(q0 + i0, 0, acc);  // rounded to T on the way out
         LSE.store(q0 + i0, 0, lse);
       }

@@ -1,0 +1,107 @@
+// Rung 10: decoding. One to sixteen new query rows per sequence against a long KV cache: the
+// shape of attention in a serving system, where rungs 05–09's kernels leave most SMs idle (one
+// Q block per (sequence, head)) and read each K/V row once per query head. This rung:
+//   - packs the query rows of a GQA group (G = H / Hkv heads × Nq rows) into one tile, so each K/V
+//     row is read once per KV head;
+//   - splits each sequence's keys into `splits` contiguous pieces, each worked on by its own
+//     thread block, and merges the pieces' outputs by their log-sum-exps (rung 02's merge, now
+//     across blocks): Flash-Decoding;
+//   - reads K and V either from a contiguous cache or through a page table (a paged KV cache, as
+//     vLLM and FlashInfer keep one), with a length per sequence.
+//
+// Status: the CPU twin, the layouts, the split rule and the IO model (docs/10_decoding.md). The
+// GPU kernels come next; until they exist this rung registers no `Rung` (its problem is not an
+// AttentionShape: lengths differ per sequence), and the twin is reached through `twin_decode`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io_model.hpp"
+#include "problem.hpp"
+
+namespace fl::decoding {
+
+inline constexpr int64_t kBlockKeys = 64;  // keys a block of the split pass takes at a time
+inline constexpr int64_t kMaxSeqQ = 16;    // new rows per sequence (speculative or chunked decoding)
+inline constexpr int kMaxSplits = 64;      // pieces a sequence's keys are cut into, at most
+
+// The problem. Q, O: [B, H, Nq, d]; lse: [B, H, Nq] fp32, natural log. The KV cache, either
+//   contiguous: K, V [B, Hkv, capacity, d]; sequence b's keys are rows 0 .. len_b − 1 of its head;
+//   paged:      K, V [num_pages, Hkv, page_size, d] (a pool of pages; FlashInfer's "HND" order)
+//               and a page table [B, pages_per_seq] of int32 page ids: key j of sequence b is row
+//               j % page_size of page table[b][j / page_size]. capacity = pages_per_seq · page_size.
+// Lengths: kv_len [B] int32, 0 ≤ len_b ≤ capacity; a sequence of length 0 gets O = 0, lse = −∞.
+// Causal: the Nq new rows are the last Nq of the sequence: row i sees keys ≤ i + len_b − Nq
+// (bottom-right aligned, as in every rung), and a row that sees no key gets O = 0, lse = −∞.
+struct DecodeShape {
+  int64_t batch = 1;          // B sequences
+  int64_t heads = 1;          // H query heads
+  int64_t kv_heads = 1;       // Hkv; H must be a multiple of it
+  int64_t seq_q = 1;          // Nq, 1 .. kMaxSeqQ
+  int64_t head_dim = 128;     // d
+  int64_t capacity = 1;       // contiguous: key slots per (sequence, KV head); paged: pages_per_seq · page_size
+  int64_t page_size = 0;      // 0: contiguous; else keys per page, a multiple of 16
+  int64_t num_pages = 0;      // paged: pages in the pool
+  int64_t pages_per_seq = 0;  // paged: page-table entries per sequence
+  bool causal = false;
+  double scale = 0.0;  // 0 means 1/√d
+
+  // Throws InputError (before any work) for sizes out of range, H % Hkv ≠ 0, Nq outside 1..16,
+  // a page size that is not a positive multiple of 16, or a capacity that does not match the pages.
+  void validate() const;
+  bool paged() const { return page_size > 0; }
+  int64_t group() const { return heads / kv_heads; }  // query heads per KV head
+  int64_t rows() const { return group() * seq_q; }    // query rows packed per (sequence, KV head)
+  float softmax_scale() const;
+  int64_t q_row0(int64_t b, int64_t h) const { return (b * heads + h) * seq_q; }  // in [B·H·Nq] rows
+  // Keys every split starts on a multiple of: whole blocks of kBlockKeys and, paged, whole pages.
+  int64_t granule() const;
+  std::string str() const;  // "B=16 H=32 Hkv=8 Nq=1 d=128 capacity=32768 page=16 causal=0"
+};
+
+// Pointers of one call, host memory for the twin (device memory for the kernels to come).
+struct DecodeArgs {
+  const void* q = nullptr;               // [B, H, Nq, d]
+  const void* k = nullptr;               // contiguous [B, Hkv, capacity, d] or paged [num_pages, Hkv, page_size, d]
+  const void* v = nullptr;               // the same as k
+  const int32_t* page_table = nullptr;   // paged: [B, pages_per_seq]; contiguous: null
+  const int32_t* kv_len = nullptr;       // [B]
+  void* o = nullptr;                     // [B, H, Nq, d]
+  float* lse = nullptr;                  // [B, H, Nq]
+  void* workspace = nullptr;             // workspace_bytes(shape, splits): the pieces' outputs
+  int splits = 0;                        // 0: choose_splits for sm_count SMs; else 1 .. kMaxSplits
+  int sm_count = 132;                    // the SMs choose_splits fills (the twin has none: an H100's)
+  IoCounter* io = nullptr;               // the twin's bytes moved, when not null
+};
+
+// How many pieces to cut every sequence's keys into: enough thread blocks (B · Hkv · splits) to
+// give each of the GPU's `sm_count` SMs about two, but no piece shorter than one granule of the
+// longest sequence, and at most kMaxSplits. 1 when B · Hkv blocks already fill the GPU.
+int choose_splits(const DecodeShape& s, int64_t max_len, int sm_count);
+
+// Keys in each piece of a sequence of `len` keys cut into `splits`: ⌈len / splits⌉ rounded up to
+// the granule, so that pieces start on block and page boundaries; the last pieces may be short or
+// empty. Pieces that start at or past len hold nothing and are not computed.
+int64_t piece_keys(const DecodeShape& s, int64_t len, int splits);
+int64_t active_pieces(const DecodeShape& s, int64_t len, int splits);  // ⌈len / piece_keys⌉, 0 if len = 0
+
+// Device memory the pieces' outputs need: for splits > 1, an fp32 output row and an fp32
+// log-sum-exp per (sequence, KV head, piece, packed row); nothing for splits = 1, where the one
+// piece writes O and lse itself.
+std::size_t workspace_bytes(const DecodeShape& s, int splits);
+
+// The bytes the algorithm moves, by closed form (docs/10_decoding.md): per (sequence, KV head), Q's
+// packed rows read once, each of the sequence's keys and values read once (not once per query
+// head), the page-table entries of its pages read once; O and lse written once; with splits > 1,
+// each active piece's outputs written and read back by the merge.
+IoModel io_model(const DecodeShape& s, DType t, const std::vector<int32_t>& kv_len, int splits);
+
+// The CPU twin: the same pieces, the same packed rows, the same pages, the same roundings as the
+// kernels (P rounded to the dtype before P·V), every array behind the IO counter. fp16 and bf16.
+// Throws InputError for a bad shape, a null pointer, a length past the capacity or a page id
+// outside the pool, before any work.
+void twin_decode(const DecodeShape& s, DType t, const DecodeArgs& a);
+
+}  // namespace fl::decoding
