@@ -5,6 +5,7 @@
 // behaviour, not an error report.
 #include "flash_ladder.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "decoding.hpp"
 #include "device.hpp"
 #include "host_memory.hpp"
 #include "problem.hpp"
@@ -236,6 +238,24 @@ struct HostWorkspace {
     return storage.get();
   }
 };
+
+fl::decoding::DecodeShape to_decode_shape(const fl_decode_shape* c) {
+  if (!c) throw fl::InputError("shape is NULL");
+  fl::decoding::DecodeShape s;
+  s.batch = c->batch;
+  s.heads = c->heads;
+  s.kv_heads = c->kv_heads;
+  s.seq_q = c->seq_q;
+  s.head_dim = c->head_dim;
+  s.capacity = c->capacity;
+  s.page_size = c->page_size;
+  s.num_pages = c->num_pages;
+  s.pages_per_seq = c->pages_per_seq;
+  s.causal = c->causal != 0;
+  s.scale = c->scale;
+  s.validate();
+  return s;
+}
 
 void report_io(fl_io* io, const fl::IoCounter& counted, const fl::IoModel* model) {
   if (!io) return;
@@ -506,6 +526,62 @@ fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dtype dty
       r.backward(s, t, a);
     });
     const fl::IoModel model = r.modelled_backward_io(s, t);  // NaN where the rung has no closed form
+    report_io(io, counted, &model);
+  });
+}
+
+int fl_decode_choose_splits(const fl_decode_shape* shape, int64_t max_len, int sm_count) {
+  int n = -1;
+  guarded("fl_decode_choose_splits", [&] {
+    const fl::decoding::DecodeShape s = to_decode_shape(shape);
+    if (max_len < 0 || sm_count < 1)
+      throw fl::InputError("max_len must be >= 0 and sm_count >= 1 (got " + std::to_string(max_len) + ", " +
+                           std::to_string(sm_count) + ")");
+    n = fl::decoding::choose_splits(s, max_len, sm_count);
+  });
+  return n;
+}
+
+fl_status fl_decode_workspace_bytes(const fl_decode_shape* shape, int splits, size_t* bytes) {
+  return guarded("fl_decode_workspace_bytes", [&] {
+    if (!bytes) throw fl::InputError("bytes (the output) is NULL");
+    const fl::decoding::DecodeShape s = to_decode_shape(shape);
+    if (splits < 1 || splits > fl::decoding::kMaxSplits)
+      throw fl::InputError("splits must be 1.." + std::to_string(fl::decoding::kMaxSplits) + " here (not " +
+                           std::to_string(splits) + "): ask fl_decode_choose_splits for the number first");
+    *bytes = fl::decoding::workspace_bytes(s, splits);
+  });
+}
+
+fl_status fl_decode_host(const fl_decode_shape* shape, fl_dtype dtype, const void* q, const void* k, const void* v,
+                         const int32_t* page_table, const int32_t* kv_len, void* o, float* lse, int splits,
+                         void* workspace, size_t workspace_bytes, fl_io* io) {
+  return guarded("fl_decode_host", [&] {
+    const fl::decoding::DecodeShape s = to_decode_shape(shape);
+    const DType t = to_dtype(dtype);
+    if (!kv_len) throw fl::InputError("rung 10_decoding: kv_len is NULL");
+    if (splits < 0 || splits > fl::decoding::kMaxSplits)
+      throw fl::InputError("rung 10_decoding: splits must be 0 (choose) or 1.." +
+                           std::to_string(fl::decoding::kMaxSplits) + ", not " + std::to_string(splits));
+    int64_t max_len = 0;
+    for (int64_t b = 0; b < s.batch; ++b) max_len = std::max<int64_t>(max_len, kv_len[b]);
+    fl::decoding::DecodeArgs a;
+    a.q = q, a.k = k, a.v = v, a.page_table = page_table, a.kv_len = kv_len, a.o = o, a.lse = lse;
+    a.splits = splits > 0 ? splits : fl::decoding::choose_splits(s, max_len, a.sm_count);
+    const std::size_t need = fl::decoding::workspace_bytes(s, a.splits);
+    if (workspace && workspace_bytes < need)
+      throw fl::InputError("rung 10_decoding: the workspace has " + std::to_string(workspace_bytes) + " bytes, " +
+                           std::to_string(need) + " needed (fl_decode_workspace_bytes)");
+    std::vector<unsigned char> own;
+    if (!workspace && need) {
+      fl::require_host_memory(double(need), "rung 10_decoding's workspace on " + s.str());
+      own.resize(need);
+    }
+    a.workspace = workspace ? workspace : (need ? own.data() : nullptr);
+    fl::IoCounter counted;
+    a.io = &counted;
+    fl::decoding::twin_decode(s, t, a);
+    const fl::IoModel model = fl::decoding::io_model(s, t, std::vector<int32_t>(kv_len, kv_len + s.batch), a.splits);
     report_io(io, counted, &model);
   });
 }

@@ -45,7 +45,7 @@ extern "C" {
 
 /* Bumped whenever a struct or a signature below changes, so a binding written against an older
  * header (compare_torch.py mirrors fl_shape in ctypes) can refuse to run instead of misreading. */
-#define FL_ABI_VERSION 1
+#define FL_ABI_VERSION 2  /* 2: fl_decode_shape and the decoding entry points (rung 10) */
 
 /* One attention problem. Sizes are int64_t so Python ints pass unchanged. */
 typedef struct fl_shape {
@@ -176,6 +176,49 @@ FL_API fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dt
                                   const void* q, const void* k, const void* v, const void* o,
                                   const float* lse, const void* dout, void* dq, void* dk, void* dv,
                                   void* workspace, size_t workspace_bytes, fl_io* io);
+
+/* ---- Decoding (rung 10) --------------------------------------------------------------------------
+ * One to sixteen new query rows per sequence against a KV cache, every sequence with its own
+ * length (docs/10_decoding.md). Layouts:
+ *   q, o        [B, H, Nq, d]          the new rows; o in q's dtype
+ *   lse         [B, H, Nq]             fp32; −inf (and an o row of 0) for a row that sees no key
+ *   kv_len      [B] int32              keys of each sequence, 0 <= kv_len[b] <= capacity
+ *   contiguous cache (page_size = 0):
+ *     k, v      [B, Hkv, capacity, d]  sequence b's keys are rows 0 .. kv_len[b] − 1 of its head
+ *   paged cache (page_size > 0, a multiple of 16):
+ *     k, v      [num_pages, Hkv, page_size, d]   a pool of pages
+ *     page_table [B, pages_per_seq] int32        key j of sequence b is row j % page_size of page
+ *                                                page_table[b][j / page_size]; capacity must be
+ *                                                pages_per_seq * page_size
+ * Causal: the new rows are the last Nq of the sequence; row i sees keys j <= i + kv_len[b] − Nq.
+ * `splits`: how many pieces each sequence's keys are cut into (1..64), or 0 to let the library
+ * choose (fl_decode_choose_splits for the GPU it would run on). With splits > 1 the pieces'
+ * outputs need a workspace of fl_decode_workspace_bytes. The CPU twin runs now; the GPU kernels
+ * come with a later ABI version. */
+typedef struct fl_decode_shape {
+  int64_t batch;          /* B sequences >= 1 */
+  int64_t heads;          /* H query heads, a multiple of kv_heads */
+  int64_t kv_heads;       /* Hkv >= 1 */
+  int64_t seq_q;          /* Nq new rows per sequence, 1..16 */
+  int64_t head_dim;       /* d */
+  int64_t capacity;       /* key slots per (sequence, kv head) */
+  int64_t page_size;      /* 0: contiguous cache; else keys per page, a multiple of 16 */
+  int64_t num_pages;      /* paged: pages in the pool */
+  int64_t pages_per_seq;  /* paged: page-table entries per sequence */
+  int causal;             /* 0 or 1 */
+  double scale;           /* 0: 1/sqrt(d) */
+} fl_decode_shape;
+
+/* The number of pieces splits = 0 picks for a GPU of sm_count SMs and a longest sequence of
+ * max_len keys; -1 (and fl_last_error) for a bad shape. */
+FL_API int fl_decode_choose_splits(const fl_decode_shape* shape, int64_t max_len, int sm_count);
+FL_API fl_status fl_decode_workspace_bytes(const fl_decode_shape* shape, int splits, size_t* bytes /* out */);
+/* The CPU twin on HOST pointers. splits = 0 chooses for an H100's 132 SMs. workspace may be NULL:
+ * the library then allocates it. io, if not NULL, receives the bytes the twin moved and the closed
+ * form's. */
+FL_API fl_status fl_decode_host(const fl_decode_shape* shape, fl_dtype dtype, const void* q, const void* k,
+                                const void* v, const int32_t* page_table, const int32_t* kv_len, void* o,
+                                float* lse, int splits, void* workspace, size_t workspace_bytes, fl_io* io);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -491,4 +491,92 @@ TEST(CApi, GpuForward) {
 #endif
 }
 
+// ---- Decoding (rung 10): its twin through the ABI -------------------------------------------------
+
+// A batch of three sequences (5 keys, none, 130), 4 query heads on 2 KV heads, 2 new rows, causal,
+// bf16: the twin through fl_decode_host against the oracle run on each sequence alone, the same
+// bits from a paged cache, the traffic equal to the closed form, and the refusals.
+TEST(CApi, DecodeHostRunsRung10sTwin) {
+  const fl::DType t = fl::DType::BF16;
+  const int64_t B = 3, H = 4, Hkv = 2, Nq = 2, d = 64, cap = 130;
+  const std::vector<int32_t> len = {5, 0, 130};
+  fl::AttentionShape whole;  // only to draw inputs: Q [B, H, Nq, d], K and V [B, Hkv, cap, d]
+  whole.batch = B, whole.heads = H, whole.kv_heads = Hkv, whole.seq_q = Nq, whole.seq_k = cap, whole.head_dim = d;
+  const fl::Inputs in = fl::make_inputs(whole, t, 77);
+  const std::vector<unsigned char> q = fl::to_storage(in.q, t), k = fl::to_storage(in.k, t), v = fl::to_storage(in.v, t);
+  fl_decode_shape c{B, H, Hkv, Nq, d, cap, 0, 0, 0, 1, 0.0};
+  EXPECT_EQ(fl_decode_choose_splits(&c, 130, 132), 3);  // 6 blocks for 132 SMs; 3 granules of 64 keys
+  size_t bytes = 0;
+  ASSERT_EQ(fl_decode_workspace_bytes(&c, 3, &bytes), FL_OK) << fl_last_error();
+  EXPECT_EQ(bytes, size_t(B * Hkv * 3 * (2 * Nq) * (d + 1) * 4));
+  std::vector<unsigned char> o(q.size());
+  std::vector<float> lse(size_t(B * H * Nq), std::nanf(""));
+  fl_io io{};
+  ASSERT_EQ(fl_decode_host(&c, FL_BF16, q.data(), k.data(), v.data(), nullptr, len.data(), o.data(), lse.data(), 0,
+                           nullptr, 0, &io),
+            FL_OK)
+      << fl_last_error();
+  EXPECT_EQ(double(io.read_bytes), io.modelled_read_bytes);
+  EXPECT_EQ(double(io.written_bytes), io.modelled_written_bytes);
+  const std::vector<float> of = fl::from_storage(o, t);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t per = H * Nq * d;
+    if (len[size_t(b)] == 0) {
+      for (int64_t i = 0; i < per; ++i) EXPECT_EQ(of[size_t(b * per + i)], 0.f);
+      for (int64_t i = 0; i < H * Nq; ++i) EXPECT_TRUE(std::isinf(lse[size_t(b * H * Nq + i)]));
+      continue;
+    }
+    fl::AttentionShape one = whole;
+    one.batch = 1, one.seq_k = len[size_t(b)], one.causal = true;
+    std::vector<float> kb, vb;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const auto from = in.k.begin() + (b * Hkv + h) * cap * d;
+      kb.insert(kb.end(), from, from + len[size_t(b)] * d);
+      const auto vfrom = in.v.begin() + (b * Hkv + h) * cap * d;
+      vb.insert(vb.end(), vfrom, vfrom + len[size_t(b)] * d);
+    }
+    const fl::ReferenceForward ref = fl::reference_forward(one, in.q.data() + b * per, kb.data(), vb.data());
+    const fl::ErrorStats e = fl::compare(of.data() + b * per, ref.o.data(), per);
+    EXPECT_TRUE(fl::passes(e, t)) << "sequence " << b << ": " << e.str();
+  }
+  // The same cache in pages of 16 (sequence b's page p is page 9·b + 8 − p of the pool): the same bits.
+  fl_decode_shape pc{B, H, Hkv, Nq, d, 144, 16, 9 * B, 9, 1, 0.0};
+  std::vector<int32_t> table(size_t(B * 9));
+  std::vector<float> pool(size_t(9 * B * Hkv * 16 * d), 0.f), vpool = pool;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t p = 0; p < 9; ++p) table[size_t(b * 9 + p)] = int32_t(9 * b + 8 - p);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t j = 0; j < cap; ++j) {
+        const int64_t page = table[size_t(b * 9 + j / 16)];
+        const size_t to = size_t(((page * Hkv + h) * 16 + j % 16) * d), from = size_t(((b * Hkv + h) * cap + j) * d);
+        std::copy_n(in.k.begin() + long(from), d, pool.begin() + long(to));
+        std::copy_n(in.v.begin() + long(from), d, vpool.begin() + long(to));
+      }
+  const std::vector<unsigned char> kp = fl::to_storage(pool, t), vp = fl::to_storage(vpool, t);
+  std::vector<unsigned char> o2(q.size());
+  std::vector<float> lse2(lse.size());
+  ASSERT_EQ(fl_decode_host(&pc, FL_BF16, q.data(), kp.data(), vp.data(), table.data(), len.data(), o2.data(),
+                           lse2.data(), 0, nullptr, 0, nullptr),
+            FL_OK)
+      << fl_last_error();
+  EXPECT_EQ(o, o2);
+  EXPECT_EQ(0, std::memcmp(lse.data(), lse2.data(), lse.size() * sizeof(float)));
+  // Refusals, each before any work, each named.
+  EXPECT_REFUSED(fl_decode_host(nullptr, FL_BF16, q.data(), k.data(), v.data(), nullptr, len.data(), o.data(),
+                                lse.data(), 0, nullptr, 0, nullptr),
+                 FL_ERR_INVALID, "shape is NULL");
+  EXPECT_REFUSED(fl_decode_host(&c, FL_FP32, q.data(), k.data(), v.data(), nullptr, len.data(), o.data(), lse.data(),
+                                0, nullptr, 0, nullptr),
+                 FL_ERR_INVALID, "fp16 and bf16");
+  std::vector<unsigned char> small(16);
+  EXPECT_REFUSED(fl_decode_host(&c, FL_BF16, q.data(), k.data(), v.data(), nullptr, len.data(), o.data(), lse.data(),
+                                3, small.data(), small.size(), nullptr),
+                 FL_ERR_INVALID, "fl_decode_workspace_bytes");
+  fl_decode_shape wide = c;
+  wide.seq_q = 17;
+  EXPECT_REFUSED(fl_decode_workspace_bytes(&wide, 1, &bytes), FL_ERR_INVALID, "seq_q");
+  EXPECT_EQ(fl_decode_choose_splits(&wide, 10, 132), -1);
+}
+
 }  // namespace
