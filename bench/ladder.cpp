@@ -526,7 +526,8 @@ BackwardRow run_backward_rung(const Rung& r, Problem& p, const Options& opt, con
   if (const std::string out = twin_sits_out(r, p, opt); !out.empty()) return skip(out);
   if (const auto it = p.backward_skip.find(&r); it != p.backward_skip.end()) return skip(it->second);
   if (opt.deterministic && on_gpu && !r.caps().deterministic_backward)
-    return skip("no deterministic backward (--deterministic)");
+    return skip("no deterministic backward (--deterministic; these have one: " +
+                Registry::instance().deterministic_backward_names() + ")");
 
   std::cerr << "running the backward of " << r.label() << "...\n";
   try {

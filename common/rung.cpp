@@ -80,7 +80,14 @@ void Rung::check(const AttentionShape& s, DType t, const BackwardArgs& a) const 
   if (backward_workspace_bytes(s, t) > 0) need(a.workspace, "workspace", *this);
   if (a.deterministic && backend() == Backend::Cuda && !caps().deterministic_backward)
     throw InputError("rung " + label() + " has no deterministic backward (its dQ contributions are added in whatever "
-                     "order the GPU runs them); 09_hopper_backward/v2_deterministic and later versions have one");
+                     "order the GPU runs them); these have one: " + Registry::instance().deterministic_backward_names());
+}
+
+std::string Registry::deterministic_backward_names() const {
+  std::string out;
+  for (const Rung* r : all())
+    if (r->backend() == Backend::Cuda && r->caps().deterministic_backward) out += (out.empty() ? "" : ", ") + r->name();
+  return out.empty() ? "none in this build" : out;
 }
 
 Registry& Registry::instance() {

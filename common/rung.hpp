@@ -120,6 +120,9 @@ class Registry {
   std::vector<const Rung*> all() const;  // ordered by name, then CPU before CUDA
   const Rung* find(std::string_view name, Backend b) const;  // nullptr if not built
   std::vector<std::string> names() const;  // distinct names, in order
+  // The GPU rungs of this build with a deterministic backward, "a, b" (for messages); "none" if
+  // there are none.
+  std::string deterministic_backward_names() const;
 
  private:
   std::vector<std::unique_ptr<Rung>> rungs_;
