@@ -150,6 +150,24 @@ void expect_gpu_backward_matches_oracle_and_twin(const std::string& name, DType 
   EXPECT_LE(g.dv.rel_l2, 2 * c.dv.rel_l2 + floor) << "GPU " << g.str() << " vs twin " << c.str();
 }
 
+void expect_refused_where_unavailable(const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    const Rung* r = Registry::instance().find(name, Backend::Cuda);
+    if (!r) GTEST_SKIP() << "no CUDA build: " << name << " has no kernel here";
+    const AttentionShape s = make_shape(1, 2, 1, 77, 130, 64, true);
+    const std::string why = r->unavailable();
+    std::string refusal;
+    const bool ok = r->supports(s, DType::BF16, &refusal);
+    if (why.empty()) {
+      EXPECT_TRUE(ok) << name << ": " << refusal;
+    } else {
+      EXPECT_FALSE(ok) << name;
+      EXPECT_NE(refusal.find("cannot run here"), std::string::npos) << refusal;
+      EXPECT_NE(refusal.find(why), std::string::npos) << refusal;
+    }
+  }
+}
+
 void expect_io_matches_model(const Rung& twin, DType t, const std::vector<AttentionShape>& shapes) {
   ASSERT_EQ(twin.backend(), Backend::Cpu);
   for (const AttentionShape& s : shapes) {

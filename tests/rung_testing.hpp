@@ -56,6 +56,10 @@ void expect_gpu_backward_matches_oracle_and_twin(const std::string& name, DType 
 
 // The twin's counted device-memory traffic equals the rung's closed form exactly.
 void expect_io_matches_model(const Rung& twin, DType t, const std::vector<AttentionShape>& shapes);
+// Hopper rungs (08, 09): where a version's kernels cannot run, every check refuses with the
+// rung's reason (`Rung::unavailable`); where they can, nothing is refused for that reason.
+// Skips without a CUDA build.
+void expect_refused_where_unavailable(const std::vector<std::string>& names);
 
 // A shape from its fields, for test tables.
 AttentionShape make_shape(int64_t b, int64_t h, int64_t hkv, int64_t nq, int64_t nk, int64_t d,

@@ -126,23 +126,7 @@ TEST(HopperBackward, WorkspaceIsRung07sPlusATurnCounterPerQBlock) {
 }
 
 // Off Hopper every check refuses with what the rung needs; on it, nothing is refused for that.
-TEST(HopperBackward, RefusesWhereWgmmaCannotRunAndSaysWhy) {
-  for (const std::string& name : version_names()) {
-    const Rung* r = Registry::instance().find(name, Backend::Cuda);
-    if (!r) GTEST_SKIP() << "no CUDA build: " << name << " has no kernel here";
-    const AttentionShape s = make_shape(1, 2, 1, 77, 130, 64, true);
-    const std::string why = r->unavailable();
-    std::string refusal;
-    const bool ok = r->supports(s, DType::BF16, &refusal);
-    if (why.empty()) {
-      EXPECT_TRUE(ok) << refusal;
-    } else {
-      EXPECT_FALSE(ok);
-      EXPECT_NE(refusal.find("cannot run here"), std::string::npos) << refusal;
-      EXPECT_NE(refusal.find(why), std::string::npos) << refusal;
-    }
-  }
-}
+TEST(HopperBackward, RefusesWhereWgmmaCannotRunAndSaysWhy) { expect_refused_where_unavailable(version_names()); }
 
 }  // namespace
 }  // namespace fl::testing

@@ -58,7 +58,6 @@ void twin(const DecodeShape& s, const DecodeArgs& a, const std::vector<int32_t>&
   HbmMatrix<const T> V(static_cast<const T*>(a.v), kv_rows, d, io);
   HbmMatrix<T> O(static_cast<T*>(a.o), q_rows, d, io);
   HbmMatrix<float> LSE(a.lse, q_rows, 1, io);
-  HbmMatrix<const int32_t> table(a.page_table, s.paged() ? s.batch : 0, s.paged() ? s.pages_per_seq : 0, io);
   // The pieces' outputs (splits > 1): row ((b·Hkv + kvh)·splits + p)·R + r, fp32.
   const int64_t part_rows = splits > 1 ? s.batch * s.kv_heads * splits * R : 0;
   float* ws = static_cast<float*>(a.workspace);
@@ -83,7 +82,10 @@ void twin(const DecodeShape& s, const DecodeArgs& a, const std::vector<int32_t>&
         if (s.paged()) {
           pages.assign(std::size_t((k1 + s.page_size - 1) / s.page_size), 0);
           for (int64_t pg = k0 / s.page_size; pg * s.page_size < k1; ++pg) {
-            pages[std::size_t(pg)] = int32_t(table.load(b, pg));  // checked by twin_decode
+            // A page id is an int32 read from device memory (HbmMatrix holds values seen as
+            // float, which would round ids past 2^24): read and counted here; checked by twin_decode.
+            pages[std::size_t(pg)] = a.page_table[b * s.pages_per_seq + pg];
+            io.read += sizeof(int32_t);
           }
         }
         Block acc = Block::Zero(R, d);

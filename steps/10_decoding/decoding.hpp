@@ -11,7 +11,8 @@
 //
 // Status: the CPU twin, the layouts, the split rule and the IO model (docs/10_decoding.md). The
 // GPU kernels come next; until they exist this rung registers no `Rung` (its problem is not an
-// AttentionShape: lengths differ per sequence), and the twin is reached through `twin_decode`.
+// AttentionShape: lengths differ per sequence); the twin is reached through `twin_decode` and the
+// C ABI's fl_decode_host.
 #pragma once
 
 #include <cstdint>
