@@ -84,7 +84,7 @@ try:
 except ImportError:  # said plainly: this script is for a machine that has PyTorch
     sys.exit("compare_torch.py needs PyTorch (import torch failed); run it where PyTorch is installed")
 
-FL_ABI_VERSION = 2  # must match FL_ABI_VERSION in capi/flash_ladder.h
+FL_ABI_VERSION = 3  # must match FL_ABI_VERSION in capi/flash_ladder.h
 FL_DTYPES = {"fp32": (0, torch.float32), "fp16": (1, torch.float16), "bf16": (2, torch.bfloat16)}
 FL_BACKWARD_DETERMINISTIC = 1  # fl_backward_ex flags, capi/flash_ladder.h
 # Relative L2 error each dtype is held to against the fp64 reference (common/compare.cpp).
@@ -100,6 +100,13 @@ class FlShape(ctypes.Structure):  # mirrors fl_shape in capi/flash_ladder.h
     _fields_ = [("batch", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
                 ("seq_q", ctypes.c_int64), ("seq_k", ctypes.c_int64), ("head_dim", ctypes.c_int64),
                 ("causal", ctypes.c_int), ("scale", ctypes.c_double)]
+
+
+class FlDecodeShape(ctypes.Structure):  # mirrors fl_decode_shape (rung 10, decoding)
+    _fields_ = [("batch", ctypes.c_int64), ("heads", ctypes.c_int64), ("kv_heads", ctypes.c_int64),
+                ("seq_q", ctypes.c_int64), ("head_dim", ctypes.c_int64), ("capacity", ctypes.c_int64),
+                ("page_size", ctypes.c_int64), ("num_pages", ctypes.c_int64),
+                ("pages_per_seq", ctypes.c_int64), ("causal", ctypes.c_int), ("scale", ctypes.c_double)]
 
 
 class FlIo(ctypes.Structure):  # mirrors fl_io
@@ -119,6 +126,7 @@ class Ladder:
         lib = self.lib = ctypes.CDLL(path)
         P, S, I, Z = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t
         shape, io = ctypes.POINTER(FlShape), ctypes.POINTER(FlIo)
+        dshape = ctypes.POINTER(FlDecodeShape)
         sigs = {
             "fl_abi_version": ([], I), "fl_version": ([], S), "fl_build_info": ([], S),
             "fl_cuda_available": ([], I), "fl_last_error": ([], S), "fl_status_name": ([I], S),
@@ -133,13 +141,22 @@ class Ladder:
             "fl_backward": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, P], I),
             "fl_backward_host": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, io], I),
             "fl_backward_ex": ([S, shape, I, P, P, P, P, P, P, P, P, P, P, Z, ctypes.c_uint, P], I),
+            # rung 10, decoding
+            "fl_decode_choose_splits": ([dshape, ctypes.c_int64, I], I),
+            "fl_decode_workspace_bytes": ([dshape, I, ctypes.POINTER(Z)], I),
+            "fl_decode_host": ([dshape, I, P, P, P, P, P, P, P, I, P, Z, io], I),
+            "fl_decode_version_count": ([], I), "fl_decode_version_name": ([I], S),
+            "fl_decode_version_idea": ([I], S),
+            "fl_decode": ([S, dshape, I, P, P, P, P, P, P, P, I, P, Z, P], I),
+            "fl_stream_read": ([P, Z, P, P], I),
         }
-        for name, (args, res) in sigs.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, res
+        # The version first: a library of another version may lack some of the functions below.
         if lib.fl_abi_version() != FL_ABI_VERSION:
             raise FlError(f"{path} has C ABI version {lib.fl_abi_version()}, this script speaks "
                           f"{FL_ABI_VERSION}: rebuild the library or update the script")
+        for name, (args, res) in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, res
 
     def _check(self, status: int):
         if status != 0:
@@ -224,6 +241,45 @@ class Ladder:
             v.data_ptr(), o.data_ptr(), lse.data_ptr(), dout.data_ptr(), dq.data_ptr(), dk.data_ptr(),
             dv.data_ptr(), ws.data_ptr() if ws is not None else None,
             ws.numel() if ws is not None else 0, None))
+
+    # -- rung 10, decoding (bench/compare_decode.py)
+
+    def decode_versions(self) -> list[str]:
+        """The names of rung 10's kernels, in the chapter's order (none in a CPU-only build)."""
+        return [self.lib.fl_decode_version_name(i).decode() for i in range(self.lib.fl_decode_version_count())]
+
+    def decode_choose_splits(self, shape: FlDecodeShape, max_len: int, sm_count: int) -> int:
+        """The pieces fl_decode's splits = 0 would take for a longest sequence of max_len keys."""
+        n = self.lib.fl_decode_choose_splits(ctypes.byref(shape), max_len, sm_count)
+        if n < 1:
+            raise FlError(f"fl_decode_choose_splits: {self.lib.fl_last_error().decode()}")
+        return n
+
+    def decode_workspace_bytes(self, shape: FlDecodeShape, splits: int) -> int:
+        n = ctypes.c_size_t(0)
+        self._check(self.lib.fl_decode_workspace_bytes(ctypes.byref(shape), splits, ctypes.byref(n)))
+        return n.value
+
+    def decode(self, version, shape, dtype, q, k, v, page_table, kv_len, o, lse, splits, ws, stream):
+        """Device tensors (page_table None for a contiguous cache); queued on `stream`."""
+        self._check(self.lib.fl_decode(
+            version.encode(), ctypes.byref(shape), FL_DTYPES[dtype][0], q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), page_table.data_ptr() if page_table is not None else None, kv_len.data_ptr(),
+            o.data_ptr(), lse.data_ptr(), splits, ws.data_ptr() if ws is not None else None,
+            ws.numel() if ws is not None else 0, stream))
+
+    def decode_host(self, shape, dtype, q, k, v, page_table, kv_len, o, lse, splits, ws=None, io=None):
+        """Host tensors, the CPU twin; io, an FlIo or None, receives the bytes it moved."""
+        self._check(self.lib.fl_decode_host(
+            ctypes.byref(shape), FL_DTYPES[dtype][0], q.data_ptr(), k.data_ptr(), v.data_ptr(),
+            page_table.data_ptr() if page_table is not None else None, kv_len.data_ptr(), o.data_ptr(),
+            lse.data_ptr(), splits, ws.data_ptr() if ws is not None else None,
+            ws.numel() if ws is not None else 0, ctypes.byref(io) if io is not None else None))
+
+    def stream_read(self, data, sink, stream, nbytes: int | None = None):
+        """fl_stream_read over the first nbytes (default: all) of device tensor `data`."""
+        nbytes = data.numel() * data.element_size() if nbytes is None else nbytes
+        self._check(self.lib.fl_stream_read(data.data_ptr(), nbytes, sink.data_ptr(), stream))
 
 
 def find_library(given: str | None) -> str:

@@ -5,6 +5,8 @@
     python3 bench/plot.py results.json [more.json ...] [--out docs/figures]
     python3 bench/compare_torch.py --memory-sweep only --json torch.json
     python3 bench/plot.py --memory torch.json [--out docs/figures]
+    python3 bench/compare_decode.py --json decode.json
+    python3 bench/plot.py --decode decode.json docs/figures/decode_bandwidth.png [--decode-batch 16]
 
 For each device found (the CPU twins, and each GPU), it writes, with one line per rung (a rung
 with versions is drawn by its best one, named in the legend; rung 07's forward, which is rung 05's
@@ -27,6 +29,12 @@ against N on log-log axes, one line per rung with a backward pass and one for st
 (SDPA's math backend), with dotted guides of slope N and N² through the first points, the device's
 memory as a horizontal line, and where standard attention ran out of memory its N²-scaled
 prediction as hollow markers on a dashed line. Without such rows it says so and writes nothing.
+
+--decode FILE OUT.png reads compare_decode.py's JSON (or torch.json, where the GPU suite appends
+its rows) and draws rung 10's bandwidth: GB/s (the KV cache's bytes over the time) against Nk on a
+log axis, for one batch size (--decode-batch, default 16), one panel per (H/Hkv, Nq), one line per
+decode version (solid; dashed: the same version on a paged cache), rung 06's v9 forward kernel and
+each SDPA backend, with the stream-read and copy ceilings of the same run as horizontal lines.
 """
 import argparse
 import json
@@ -366,19 +374,108 @@ def memory_main(path, out):
     return 0
 
 
+def decode_rows(path):
+    """compare_decode.py's rows (kind "decode" and "ceiling") in a JSON list; [] for anything else."""
+    with open(path) as f:
+        doc = json.load(f)
+    if not isinstance(doc, list):
+        return []
+    return [r for r in doc if isinstance(r, dict) and r.get("kind") in ("decode", "ceiling")]
+
+
+def decode_figure(rows, batch, path):
+    """GB/s against Nk, one panel per (H/Hkv, Nq, d, causal, dtype) at B = batch. Returns whether a
+    figure was written (False when no row at that B has a time)."""
+    timed = [r for r in rows if r["kind"] == "decode" and r.get("B") == batch and r.get("GBps")]
+    if not timed:
+        return False
+    panels = defaultdict(lambda: defaultdict(dict))  # panel -> line -> Nk -> GB/s
+    for r in timed:
+        panel = (r["H"], r["Hkv"], r["Nq"], r["d"], bool(r.get("causal")), r["dtype"])
+        line = (r["name"], r.get("page_size") or 0)
+        panels[panel][line][r["Nk"]] = r["GBps"]  # a later row wins for the same point
+    names = sorted({line[0] for lines in panels.values() for line in lines},
+                   key=lambda n: (n.startswith("sdpa_"), not n.startswith("10_"), n))
+    colors = {n: plt.get_cmap("tab10")(i % 10) for i, n in enumerate(names)}
+    ceilings = {r["what"]: r["GBps"] for r in rows if r["kind"] == "ceiling" and r.get("GBps")}
+    top = 1.1 * max([r["GBps"] for r in timed] + list(ceilings.values()))  # room above the ceilings' labels
+    cols = 2 if len(panels) > 1 else 1
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.5 * cols, 4.2 * nrows), squeeze=False, sharey=True)
+    for ax, (panel, lines) in zip(axes.flat, sorted(panels.items())):
+        h, hkv, nq, d, causal, dtype = panel
+        for (name, page), pts in sorted(lines.items(), key=lambda kv: (names.index(kv[0][0]), kv[0][1])):
+            nk = sorted(pts)
+            ax.plot(nk, [pts[n] for n in nk], marker="o", color=colors[name], linestyle="--" if page else "-",
+                    label="%s, paged %d" % (name, page) if page else name)
+        for what, style in (("stream_read", "-"), ("copy", ":")):
+            if what in ceilings:
+                ax.axhline(ceilings[what], color="black", linestyle=style, linewidth=0.9)
+                ax.annotate("%s %.0f GB/s" % (what.replace("_", " "), ceilings[what]), (0.01, ceilings[what]),
+                            xycoords=("axes fraction", "data"), textcoords="offset points", xytext=(0, 3), fontsize=8)
+        all_nk = sorted({n for pts in lines.values() for n in pts})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(all_nk)
+        ax.set_xticklabels([str(n) for n in all_nk])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_title("H=%d Hkv=%d%s, Nq=%d, d=%d%s, %s" % (h, hkv, " (GQA)" if hkv < h else "", nq, d,
+                                                            ", causal" if causal else "", dtype), fontsize=10)
+        ax.set_xlabel("keys per sequence Nk")
+        ax.set_ylabel("GB/s (K and V bytes / time)")
+        ax.set_ylim(0, top)
+        ax.grid(True, which="major", alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    handles = {}
+    for ax in axes.flat:
+        for hd, lb in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lb, hd)
+    fig.legend(handles.values(), handles.keys(), fontsize=8, loc="lower center", ncol=min(4, len(handles)))
+    first = timed[0]
+    fig.suptitle("Rung 10, decoding: bandwidth at B=%d against the KV cache's length\n%s" % (
+        batch, ", ".join(x for x in (first.get("device"), str(first.get("date") or "")[:10]) if x)), fontsize=11)
+    legend_rows = -(-len(handles) // 4)
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * legend_rows, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def decode_main(path, out, batch):
+    """The decode figure; 0 when written, 1 when there was nothing to draw, 2 on a bad file."""
+    try:
+        rows = decode_rows(path)
+    except (OSError, ValueError) as e:
+        print("plot.py: cannot read %s: %s" % (path, e), file=sys.stderr)
+        return 2
+    if not decode_figure(rows, batch, out):
+        print("plot.py: %s has no timed decode rows at B=%d (kind \"decode\": run bench/compare_decode.py); "
+              "%s not written" % (path, batch, out), file=sys.stderr)
+        return 1
+    print(out)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", nargs="*", help="ladder_bench output (--benchmark_out=FILE --benchmark_out_format=json)")
     ap.add_argument("--memory", metavar="TORCH_JSON",
                     help="compare_torch.py's --json with --memory-sweep rows: draws backward_memory.png")
+    ap.add_argument("--decode", nargs=2, metavar=("DECODE_JSON", "OUT_PNG"),
+                    help="compare_decode.py's --json (or torch.json with its rows): draws rung 10's GB/s "
+                         "against Nk into OUT_PNG")
+    ap.add_argument("--decode-batch", type=int, default=16, metavar="B",
+                    help="the batch size --decode draws (default 16)")
     ap.add_argument("--out", default="docs/figures", help="folder for the PNG files (default docs/figures)")
     ap.add_argument("--versions", action="store_true",
                     help="one line per version (and rung 07's forward rows) instead of one per rung")
     args = ap.parse_args(argv)
-    if not args.json and not args.memory:
-        ap.error("give ladder_bench JSON files, --memory TORCH_JSON, or both")
+    if not args.json and not args.memory and not args.decode:
+        ap.error("give ladder_bench JSON files, --memory TORCH_JSON, --decode DECODE_JSON OUT_PNG, or some of them")
 
     status = memory_main(args.memory, args.out) if args.memory else 0
+    if args.decode:
+        status = max(status, decode_main(args.decode[0], args.decode[1], args.decode_batch))
     if not args.json:
         return status
     try:

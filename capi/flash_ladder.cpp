@@ -586,4 +586,63 @@ fl_status fl_decode_host(const fl_decode_shape* shape, fl_dtype dtype, const voi
   });
 }
 
+int fl_decode_version_count(void) {
+  int n = 0;
+  guarded("fl_decode_version_count", [&] { n = int(fl::decoding::kernels().size()); });
+  return n;
+}
+
+namespace {
+const fl::decoding::Kernel* decode_version(int i, const char* fn) {
+  const auto& all = fl::decoding::kernels();
+  const fl::decoding::Kernel* k = nullptr;
+  guarded(fn, [&] {
+    if (i < 0 || i >= int(all.size()))
+      throw fl::InputError("index " + std::to_string(i) + " is outside 0.." + std::to_string(int(all.size()) - 1));
+    k = &all[std::size_t(i)];
+  });
+  return k;
+}
+}  // namespace
+
+const char* fl_decode_version_name(int i) {
+  const fl::decoding::Kernel* k = decode_version(i, "fl_decode_version_name");
+  return k ? k->name.c_str() : nullptr;
+}
+
+const char* fl_decode_version_idea(int i) {
+  const fl::decoding::Kernel* k = decode_version(i, "fl_decode_version_idea");
+  return k ? k->idea.c_str() : nullptr;
+}
+
+fl_status fl_decode(const char* version, const fl_decode_shape* shape, fl_dtype dtype, const void* q, const void* k,
+                    const void* v, const int32_t* page_table, const int32_t* kv_len, void* o, float* lse, int splits,
+                    void* workspace, size_t workspace_bytes, void* cuda_stream) {
+  return guarded("fl_decode", [&] {
+    const fl::decoding::DecodeShape s = to_decode_shape(shape);
+    const DType t = to_dtype(dtype);
+    if (!version) throw fl::InputError("version is NULL (fl_decode_version_name lists them)");
+    const fl::decoding::Kernel* kernel = nullptr;
+    try {
+      kernel = &fl::decoding::find_kernel(version);
+    } catch (const fl::InputError& e) {
+      throw NotFound(e.what());
+    }
+    require_gpu("fl_decode_host");
+    fl::decoding::DecodeArgs a;
+    a.q = q, a.k = k, a.v = v, a.page_table = page_table, a.kv_len = kv_len, a.o = o, a.lse = lse;
+    a.workspace = workspace, a.splits = splits, a.stream = cuda_stream;
+    a.sm_count = fl::gpu::sm_count();
+    fl::decoding::decode(*kernel, s, t, a, workspace_bytes);
+  });
+}
+
+fl_status fl_stream_read(const void* data, size_t bytes, float* sink, void* cuda_stream) {
+  return guarded("fl_stream_read", [&] {
+    std::string why;
+    if (!fl::gpu::available(&why)) throw NoGpu("no GPU to measure: " + why);
+    fl::decoding::stream_read(data, bytes, sink, cuda_stream);
+  });
+}
+
 }  // extern "C"

@@ -45,7 +45,8 @@ extern "C" {
 
 /* Bumped whenever a struct or a signature below changes, so a binding written against an older
  * header (compare_torch.py mirrors fl_shape in ctypes) can refuse to run instead of misreading. */
-#define FL_ABI_VERSION 2  /* 2: fl_decode_shape and the decoding entry points (rung 10) */
+#define FL_ABI_VERSION 3  /* 2: fl_decode_shape and the decoding entry points (rung 10);
+                              3: fl_decode (rung 10's kernels), their list, fl_stream_read */
 
 /* One attention problem. Sizes are int64_t so Python ints pass unchanged. */
 typedef struct fl_shape {
@@ -193,8 +194,8 @@ FL_API fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dt
  * Causal: the new rows are the last Nq of the sequence; row i sees keys j <= i + kv_len[b] − Nq.
  * `splits`: how many pieces each sequence's keys are cut into (1..64), or 0 to let the library
  * choose (fl_decode_choose_splits for the GPU it would run on). With splits > 1 the pieces'
- * outputs need a workspace of fl_decode_workspace_bytes. The CPU twin runs now; the GPU kernels
- * come with a later ABI version. */
+ * outputs need a workspace of fl_decode_workspace_bytes. fl_decode runs a kernel of the rung (one
+ * per version, fl_decode_version_name), fl_decode_host the CPU twin. */
 typedef struct fl_decode_shape {
   int64_t batch;          /* B sequences >= 1 */
   int64_t heads;          /* H query heads, a multiple of kv_heads */
@@ -219,6 +220,32 @@ FL_API fl_status fl_decode_workspace_bytes(const fl_decode_shape* shape, int spl
 FL_API fl_status fl_decode_host(const fl_decode_shape* shape, fl_dtype dtype, const void* q, const void* k,
                                 const void* v, const int32_t* page_table, const int32_t* kv_len, void* o,
                                 float* lse, int splits, void* workspace, size_t workspace_bytes, fl_io* io);
+
+/* Rung 10's kernels, one per version: "10_decoding/v1_split_kv", ... in the order the chapter
+ * builds them. Out-of-range i returns NULL. The idea is one line. A CPU-only build lists none. */
+FL_API int fl_decode_version_count(void);
+FL_API const char* fl_decode_version_name(int i);
+FL_API const char* fl_decode_version_idea(int i);
+
+/* Runs kernel `version` (a name from fl_decode_version_name) on DEVICE pointers, queued on
+ * cuda_stream (NULL: the default stream), asynchronous like fl_forward. kv_len and page_table are
+ * device arrays too. splits = 0 chooses for the current CUDA device's SM count with the longest
+ * sequence taken as `capacity` (the kernel cannot read kv_len before it runs): the workspace must
+ * then be fl_decode_workspace_bytes of fl_decode_choose_splits(shape, capacity, that SM count);
+ * simpler to choose the splits yourself and pass them. Refusals are FL_ERR_INVALID (a name not in
+ * the list: FL_ERR_NOT_FOUND; no GPU: FL_ERR_CUDA). A version that has no paged path refuses page_size > 0. Lengths
+ * and page ids are not checked on the host (they live on the device): a length past the capacity
+ * or a page id outside the pool is the caller's bug, as it is in every paged-attention library. */
+FL_API fl_status fl_decode(const char* version, const fl_decode_shape* shape, fl_dtype dtype, const void* q,
+                           const void* k, const void* v, const int32_t* page_table, const int32_t* kv_len, void* o,
+                           float* lse, int splits, void* workspace, size_t workspace_bytes, void* cuda_stream);
+
+/* The ceiling a memory-bound kernel is measured against: reads `bytes` of device memory at `data`
+ * (16-byte aligned, bytes a multiple of 16) once, in 16-byte loads spread over the whole GPU, and
+ * XORs a checksum of what it read into the bits of sink[0] (a device float) so that no load is
+ * optimised away (its value means nothing).
+ * Queued on cuda_stream. Time it to get the read bandwidth this GPU reaches today. */
+FL_API fl_status fl_stream_read(const void* data, size_t bytes, float* sink, void* cuda_stream);
 
 #ifdef __cplusplus
 }  /* extern "C" */

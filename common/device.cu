@@ -59,6 +59,13 @@ std::string device_name() {
   return p.name;
 }
 
+int sm_count() {
+  int device = 0, n = 0;
+  FL_CUDA_CHECK(cudaGetDevice(&device));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+  return n;
+}
+
 std::size_t free_memory() {
   size_t f = 0, t = 0;
   FL_CUDA_CHECK(cudaMemGetInfo(&f, &t));

@@ -14,6 +14,7 @@ bool built_with_cuda();
 // True when a CUDA device can run our kernels; otherwise `why` says what is missing.
 bool available(std::string* why = nullptr);
 std::string device_name();  // "NVIDIA H100 80GB HBM3"
+int sm_count();             // the current device's streaming multiprocessors (132 on an H100 SXM)
 std::size_t free_memory();
 std::size_t total_memory();
 // How many device allocations this process has made through DeviceBuffer so far: what a test

@@ -19,6 +19,7 @@ bool available(std::string* why) {
   return false;
 }
 std::string device_name() { no_cuda("device_name"); }
+int sm_count() { no_cuda("sm_count"); }
 std::size_t free_memory() { no_cuda("free_memory"); }
 std::size_t total_memory() { no_cuda("total_memory"); }
 std::size_t allocation_count() { return 0; }

@@ -16,7 +16,11 @@
 #   torch.json   bench/compare_torch.py: each rung against SDPA's flash, cuDNN, efficient, math,
 #                forward and backward (rows of phase fwd, bwd, fwd+bwd), and the memory sweep
 #                (--memory-sweep: extra memory of a forward+backward against N, rows of kind memory;
-#                bench/plot.py --memory torch.json draws docs/figures/backward_memory.png from it)
+#                bench/plot.py --memory torch.json draws docs/figures/backward_memory.png from it);
+#                then the decode stage appends bench/compare_decode.py's rows to the same list
+#                (rung 10 against the stream-read and copy ceilings and SDPA: rows of kind "ceiling"
+#                and "decode"; bench/plot.py --decode torch.json OUT.png draws them). Without a
+#                torch stage in the same call, torch.json holds the decode rows alone.
 #   io.json      bench/ncu_io.py: DRAM bytes Nsight Compute measured for one forward of each
 #                fp32 rung, beside its modelled bytes
 #
@@ -35,11 +39,14 @@
 #   FL_TORCH_RUNGS     rungs for compare_torch.py, its --rungs (default: every rung in the library)
 #   FL_TORCH_PEERS     SDPA backends for compare_torch.py, its --peers (default: all four)
 #   FL_TORCH_MEMORY    0: leave out compare_torch.py's memory sweep (default: run it)
+#   FL_DECODE_S        seconds kept for the decode stage when the torch stage runs before it
+#                      (default 180, at most half of what is left; compare_decode.py stops starting
+#                      cells when its time is up)
 #   FL_BUILD_DIR       build folder (default build-hopper, the hopper preset's)
 #   FL_KEEP_OBJECTS    set: keep compiled CUDA objects (ptxas.log then covers only what changed)
 #   FL_STAGES          comma list of the stages to run (default: all). Configure and build always
 #                      run; a 10-minute device call can take "ctest,memcheck,racecheck,initcheck,
-#                      ladder" and a second one "bench,torch,io" on the same build.
+#                      ladder" and a second one "bench,torch,io,decode" on the same build.
 # shellcheck disable=SC2317  # the stage functions run through `stage`, which shellcheck cannot see
 set -u -o pipefail
 
@@ -327,11 +334,47 @@ bench_sweep() {
 
 torch_compare() {
   # --memory-sweep runs first (a minute or less) and writes its rows into the same torch.json.
+  local sweep=()
+  [[ ${FL_TORCH_MEMORY:-1} == 0 ]] || sweep=(--memory-sweep)
   python3 "$REPO/bench/compare_torch.py" --lib "$BUILD/capi/libflash_ladder.so" \
     --dtype "${FL_TORCH_DTYPES:-fp32,bf16}" ${FL_TORCH_RUNGS:+--rungs "$FL_TORCH_RUNGS"} \
-    ${FL_TORCH_PEERS:+--peers "$FL_TORCH_PEERS"} $([[ ${FL_TORCH_MEMORY:-1} == 0 ]] || echo --memory-sweep) \
+    ${FL_TORCH_PEERS:+--peers "$FL_TORCH_PEERS"} "${sweep[@]}" \
     --json "$OUT/torch.json" --time-limit "$1"
 }
+
+decode_compare() {
+  # Its rows go to $TMP/decode.json (rewritten after every cell); the suite appends them to
+  # torch.json afterwards (merge_decode_rows), so OUTDIR keeps its eight files.
+  python3 "$REPO/bench/compare_decode.py" --lib "$BUILD/capi/libflash_ladder.so" \
+    --json "$TMP/decode.json" --time-limit "$1"
+}
+
+# Appends the decode stage's rows to torch.json's list (or makes torch.json of them when the torch
+# stage wrote no list). Runs outside the stage, so rows written before a stage was stopped still land.
+merge_decode_rows() {
+  [[ -s $TMP/decode.json ]] || return 0
+  python3 - "$TMP/decode.json" "$OUT/torch.json" <<'EOF'
+import json, os, sys
+src, dst = sys.argv[1], sys.argv[2]
+with open(src) as f:
+    rows = json.load(f)
+doc = []
+if os.path.exists(dst):
+    try:
+        with open(dst) as f:
+            doc = json.load(f)
+    except ValueError:
+        doc = []
+doc = (doc if isinstance(doc, list) else []) + rows
+with open(dst + ".part", "w") as f:
+    json.dump(doc, f, indent=1)
+os.replace(dst + ".part", dst)
+print("torch.json: %d decode rows appended, %d rows in all" % (len(rows), len(doc)))
+EOF
+}
+
+# Whether FL_STAGES (empty: every stage) names stage $1.
+wanted() { [[ -z ${FL_STAGES:-} || ",$FL_STAGES," == *",$1,"* ]]; }
 
 export REPO BUILD OUT TMP JOBS BUDGET LOG
 
@@ -427,11 +470,22 @@ else
 fi
 
 if [[ -f $BUILD/capi/libflash_ladder.so ]]; then
-  # compare_torch.py stops starting new shapes when its own limit comes, and writes what it has.
-  torch_limit=$(($(left) - 25))
+  # compare_torch.py stops starting new shapes when its own limit comes, and writes what it has;
+  # it leaves FL_DECODE_S seconds (at most half of what is left) to the decode stage when that runs.
+  decode_keep=0
+  if wanted decode; then
+    decode_keep=${FL_DECODE_S:-180}
+    ((decode_keep > $(left) / 2)) && decode_keep=$(($(left) / 2))
+  fi
+  torch_limit=$(($(left) - 25 - decode_keep))
   stage torch 600 torch_compare "$torch_limit"
+  # The same for rung 10's kernels (bench/compare_decode.py); its rows join torch.json.
+  decode_limit=$(($(left) - 25))
+  stage decode 600 decode_compare "$decode_limit"
+  merge_decode_rows 2>&1 | tee -a "$LOG"
 else
   skip torch "no library"
+  skip decode "no library"
 fi
 
 # Every file the caller expects exists, even when its stage could not run, and says so.

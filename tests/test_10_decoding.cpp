@@ -17,6 +17,7 @@
 
 #include "../steps/10_decoding/decoding.hpp"
 #include "compare.hpp"
+#include "device.hpp"
 #include "harness.hpp"
 #include "reference.hpp"
 #include "rung_testing.hpp"
@@ -84,9 +85,10 @@ struct Result {
   int splits = 0;
 };
 
-// The twin on the problem's cache, contiguous (page_size = 0) or paged: the pages of each
-// sequence scattered over a pool in a random order, with spare pages of NaN between them.
-Result run_twin(const Problem& p, int64_t page_size, int splits) {
+// The twin (kernel = null) or a GPU kernel on the problem's cache, contiguous (page_size = 0) or
+// paged: the pages of each sequence scattered over a pool in a random order, with spare pages of
+// NaN between them. Outputs start as NaN. The kernel gets the twin's number of pieces.
+Result run(const Problem& p, int64_t page_size, int splits, const decoding::Kernel* kernel) {
   DecodeShape s = p.s;
   const int64_t d = s.head_dim;
   std::vector<float> k = p.k, v = p.v;
@@ -131,9 +133,36 @@ Result run_twin(const Problem& p, int64_t page_size, int splits) {
   a.workspace = ws.empty() ? nullptr : ws.data();
   a.splits = splits;
   a.io = &r.io;
-  decoding::twin_decode(s, p.t, a);
+  if (!kernel) {
+    decoding::twin_decode(s, p.t, a);
+    return r;
+  }
+  // The same call on the GPU: every array copied over, O and lse poisoned there.
+  auto upload = [](const void* host, std::size_t bytes) {
+    gpu::DeviceBuffer d(std::max<std::size_t>(bytes, 16));
+    if (bytes) d.upload(host, bytes);
+    return d;
+  };
+  const gpu::DeviceBuffer dq = upload(q8.data(), q8.size()), dk = upload(k8.data(), k8.size()),
+                          dv = upload(v8.data(), v8.size()),
+                          dt = upload(table.data(), table.size() * sizeof(int32_t)),
+                          dl = upload(p.len.data(), p.len.size() * sizeof(int32_t));
+  gpu::DeviceBuffer dout(r.o.size()), dlse(r.lse.size() * sizeof(float)), dws(std::max<std::size_t>(ws.size(), 16));
+  dout.poison();
+  dlse.poison();
+  a.q = dq.get(), a.k = dk.get(), a.v = dv.get(), a.kv_len = static_cast<const int32_t*>(dl.get());
+  a.page_table = page_size > 0 ? static_cast<const int32_t*>(dt.get()) : nullptr;
+  a.o = dout.get(), a.lse = static_cast<float*>(dlse.get()), a.workspace = dws.get();
+  a.splits = r.splits;
+  a.io = nullptr;
+  decoding::decode(*kernel, s, p.t, a, dws.size());
+  gpu::synchronize();
+  dout.download(r.o.data(), r.o.size());
+  dlse.download(r.lse.data(), r.lse.size() * sizeof(float));
   return r;
 }
+
+Result run_twin(const Problem& p, int64_t page_size, int splits) { return run(p, page_size, splits, nullptr); }
 
 // Every sequence against the fp64 oracle run on it alone (Nk = its length); an empty sequence
 // must give O = 0 and lse = −∞.
@@ -181,8 +210,10 @@ bool same_bits(const Result& a, const Result& b) {
 
 // ---- against the oracle -------------------------------------------------------------------------
 
-TEST(Decoding, TwinMatchesTheOracleSequenceBySequence) {
-  uint64_t seed = base_seed();
+// Ragged lengths with an empty and a length-1 sequence, GQA 1:1, 4:1, 8:1, Nq 1 and 4, causal,
+// pages of 16 and 48 (for the twin and a kernel with pages), one piece, the chosen number and five;
+// the twin (kernel = null) or a kernel, at each head dim of `dims`.
+void expect_matches_oracle_on_the_grid(const decoding::Kernel* k, uint64_t seed, std::vector<int64_t> dims) {
   struct Heads {
     int64_t h, hkv;
   };
@@ -191,14 +222,20 @@ TEST(Decoding, TwinMatchesTheOracleSequenceBySequence) {
       for (int64_t nq : {1, 4})
         for (bool causal : {false, true}) {
           if (causal && nq == 1) continue;  // one new row sees every key either way
-          const Problem p = make_problem(hh.h, hh.hkv, nq, 64, causal, {1, 0, 17, 1000, 3}, t, seed++);
-          for (int64_t page : {int64_t(0), int64_t(16), int64_t(48)})
-            for (int splits : {1, 0, 5}) {
-              SCOPED_TRACE(p.str() + " page=" + std::to_string(page) + " splits=" + std::to_string(splits));
-              expect_matches_oracle(p, run_twin(p, page, splits));
-            }
+          for (int64_t d : dims) {
+            const Problem p = make_problem(hh.h, hh.hkv, nq, d, causal, {1, 0, 17, 1000, 3}, t, seed++);
+            for (int64_t page : {int64_t(0), int64_t(16), int64_t(48)})
+              for (int splits : {1, 0, 5}) {
+                if (page > 0 && k && !k->paged) continue;
+                SCOPED_TRACE((k ? k->name : std::string("twin")) + " " + p.str() + " page=" + std::to_string(page) +
+                             " splits=" + std::to_string(splits));
+                expect_matches_oracle(p, run(p, page, splits, k));
+              }
+          }
         }
 }
+
+TEST(Decoding, TwinMatchesTheOracleSequenceBySequence) { expect_matches_oracle_on_the_grid(nullptr, base_seed(), {64}); }
 
 // The long and ragged ones once each, at d = 128: 32771 keys (a page table of 2049 pages of 16,
 // the last holding 3), causal with four new rows, cut into many pieces.
@@ -233,25 +270,28 @@ TEST(Decoding, RowsThatSeeNoKeyGetZeroAndMinusInfinity) {
 
 // Pages only change where a key is read from: with the same pieces (pages of 16 and 64 keys cut
 // them at the same 64-key granule as the contiguous cache) the output is bit for bit the same.
-TEST(Decoding, PagedAndContiguousGiveTheSameBits) {
-  uint64_t seed = base_seed() + 300;
+// For the twin (kernel = null) or a kernel.
+void expect_paged_gives_contiguous_bits(const decoding::Kernel* k, uint64_t seed) {
+  const std::string who = k ? k->name : "twin";
   for (DType t : {DType::F16, DType::BF16}) {
     const Problem p = make_problem(8, 2, 2, 128, true, {1000, 0, 1, 333, 4096}, t, seed++);
     for (int splits : {1, 5}) {
-      const Result flat = run_twin(p, 0, splits);
+      const Result flat = run(p, 0, splits, k);
       for (int64_t page : {int64_t(16), int64_t(64)})
-        EXPECT_TRUE(same_bits(flat, run_twin(p, page, splits))) << p.str() << " page=" << page << " splits=" << splits;
+        EXPECT_TRUE(same_bits(flat, run(p, page, splits, k))) << who << " " << p.str() << " page=" << page
+                                                                 << " splits=" << splits;
     }
     // Pages of 256 cut the pieces at 256 keys: the same bits with one piece.
-    EXPECT_TRUE(same_bits(run_twin(p, 0, 1), run_twin(p, 256, 1))) << p.str() << " page=256";
+    EXPECT_TRUE(same_bits(run(p, 0, 1, k), run(p, 256, 1, k))) << who << " " << p.str() << " page=256";
   }
 }
 
 // Lengths per sequence: each sequence's rows are those it gets alone, with the same pieces.
-TEST(Decoding, EachSequenceGetsTheBitsItGetsAlone) {
+void expect_each_sequence_gets_its_bits_alone(const decoding::Kernel* k, int64_t page) {
+  const std::string who = k ? k->name : "twin";
   const std::vector<int32_t> len = {0, 1, 17, 1000, 4099};
   const Problem p = make_problem(4, 1, 3, 64, true, len, DType::F16, base_seed() + 400);
-  const Result all = run_twin(p, 16, 4);
+  const Result all = run(p, page, 4, k);
   const int64_t per_o = p.s.heads * p.s.seq_q * p.s.head_dim * 2, per_l = p.s.heads * p.s.seq_q;
   for (std::size_t b = 0; b < len.size(); ++b) {
     Problem one = p;
@@ -261,12 +301,16 @@ TEST(Decoding, EachSequenceGetsTheBitsItGetsAlone) {
     one.q.assign(p.q.begin() + std::ptrdiff_t(b) * per_o / 2, p.q.begin() + std::ptrdiff_t(b + 1) * per_o / 2);
     one.k.assign(p.k.begin() + std::ptrdiff_t(b) * kv, p.k.begin() + std::ptrdiff_t(b + 1) * kv);
     one.v.assign(p.v.begin() + std::ptrdiff_t(b) * kv, p.v.begin() + std::ptrdiff_t(b + 1) * kv);
-    const Result r = run_twin(one, 16, 4);
-    EXPECT_EQ(0, std::memcmp(r.o.data(), all.o.data() + b * per_o, std::size_t(per_o))) << "sequence " << b;
+    const Result r = run(one, page, 4, k);
+    EXPECT_EQ(0, std::memcmp(r.o.data(), all.o.data() + b * per_o, std::size_t(per_o))) << who << " sequence " << b;
     EXPECT_EQ(0, std::memcmp(r.lse.data(), all.lse.data() + b * per_l, std::size_t(per_l) * sizeof(float)))
-        << "sequence " << b;
+        << who << " sequence " << b;
   }
 }
+
+TEST(Decoding, PagedAndContiguousGiveTheSameBits) { expect_paged_gives_contiguous_bits(nullptr, base_seed() + 300); }
+
+TEST(Decoding, EachSequenceGetsTheBitsItGetsAlone) { expect_each_sequence_gets_its_bits_alone(nullptr, 16); }
 
 // ---- traffic --------------------------------------------------------------------------------------
 
@@ -392,6 +436,108 @@ TEST(Decoding, RefusesBadInputBeforeAnyWork) {
   table = {0, 1, 5, 0};  // sequence 1's first page
   bad_page.page_table = table.data();
   EXPECT_NE(call(paged, p.t, bad_page).find("outside the pool"), std::string::npos);
+}
+
+// ---- the GPU kernels --------------------------------------------------------------------------------
+
+// Every kernel of this build, or a skip that says why there are none.
+#define FOR_EACH_KERNEL(k)                                                                         \
+  if (!gpu::available() || decoding::kernels().empty())                                           \
+    GTEST_SKIP() << "no rung-10 kernels to run: " << skip_reason(Backend::Cuda);                    \
+  for (const decoding::Kernel& k : decoding::kernels())
+
+TEST(DecodingGpu, KernelsMatchTheOracleSequenceBySequence) {
+  FOR_EACH_KERNEL(k) { expect_matches_oracle_on_the_grid(&k, base_seed() + 1000, {64, 128}); }
+}
+
+// Long, ragged and many pieces, with 16 packed rows (G = 4, Nq = 4) and more than 16 (G = 8,
+// Nq = 4: two row tiles), the rows of a causal Nq = 8 that see no key, a partial second row tile
+// and the most new rows (Nq = 16).
+TEST(DecodingGpu, KernelsMatchTheOracleOnLongSequences) {
+  FOR_EACH_KERNEL(k) {
+    uint64_t seed = base_seed() + 1100;
+    for (DType t : {DType::F16, DType::BF16})
+      for (int64_t heads : {8, 16}) {
+        const Problem p = make_problem(heads, 2, 4, 128, true, {32771, 1, 4099}, t, seed++);
+        for (const auto& [page, splits] : {std::pair<int64_t, int>{0, 0}, {16, 0}, {256, 9}}) {
+          if (page > 0 && !k.paged) continue;
+          SCOPED_TRACE(k.name + " " + p.str() + " page=" + std::to_string(page) + " splits=" + std::to_string(splits));
+          expect_matches_oracle(p, run(p, page, splits, &k));
+        }
+      }
+    const Problem few = make_problem(2, 1, 8, 64, true, {3, 0, 8}, DType::BF16, seed++);
+    expect_matches_oracle(few, run(few, k.paged ? 16 : 0, 2, &k));
+    // A partial second row tile (G = 8, Nq = 3: 24 rows), not causal; and Nq = 16, causal.
+    const Problem partial = make_problem(8, 1, 3, 128, false, {700, 5, 130}, DType::F16, seed++);
+    expect_matches_oracle(partial, run(partial, k.paged ? 48 : 0, 0, &k));
+    const Problem sixteen = make_problem(4, 2, 16, 64, true, {2000, 16, 9}, DType::BF16, seed++);
+    expect_matches_oracle(sixteen, run(sixteen, 0, 3, &k));
+  }
+}
+
+// The kernels keep the twin's promises: paged = contiguous bits, a batch = each sequence alone.
+TEST(DecodingGpu, PagedAndContiguousGiveTheSameBits) {
+  FOR_EACH_KERNEL(k) {
+    if (k.paged) expect_paged_gives_contiguous_bits(&k, base_seed() + 1200);
+  }
+}
+
+TEST(DecodingGpu, EachSequenceGetsTheBitsItGetsAlone) {
+  FOR_EACH_KERNEL(k) { expect_each_sequence_gets_its_bits_alone(&k, k.paged ? 16 : 0); }
+}
+
+// Each version changes how keys are found, not what is computed with them: on a contiguous cache
+// every version gives v1's bits.
+TEST(DecodingGpu, VersionsGiveV1sBitsOnAContiguousCache) {
+  FOR_EACH_KERNEL(k) {
+    const decoding::Kernel& v1 = decoding::kernels().front();
+    const Problem p = make_problem(8, 2, 4, 128, true, {777, 5000, 64}, DType::BF16, base_seed() + 1400);
+    for (int splits : {1, 0})
+      EXPECT_TRUE(same_bits(run(p, 0, splits, &v1), run(p, 0, splits, &k))) << k.name << " splits=" << splits;
+  }
+}
+
+// Refused on the host before any launch: what the kernels do not run, and bad arguments.
+TEST(DecodingGpu, RefusesWhatItDoesNotRun) {
+  FOR_EACH_KERNEL(k) {
+    const Problem p = make_problem(4, 2, 2, 64, false, {10, 20}, DType::BF16, 1);
+    gpu::DeviceBuffer buf(1 << 16);
+    DecodeArgs a;
+    a.q = a.k = a.v = a.o = buf.get();
+    a.lse = static_cast<float*>(buf.get());
+    a.kv_len = static_cast<const int32_t*>(buf.get());
+    a.splits = 1;
+    auto refusal = [&](DecodeShape s, DType t, DecodeArgs x, std::size_t ws = 0) {
+      try {
+        decoding::decode(k, s, t, x, ws);
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find(k.name), std::string::npos) << e.what();
+        return std::string(e.what());
+      }
+      ADD_FAILURE() << k.name << " accepted " << s.str();
+      return std::string();
+    };
+    DecodeShape s = p.s;
+    EXPECT_NE(refusal(s, DType::F32, a).find("fp16 and bf16"), std::string::npos);
+    s.head_dim = 96;
+    EXPECT_NE(refusal(s, p.t, a).find("head_dim"), std::string::npos);
+    s.head_dim = 64;
+    DecodeArgs odd = a;
+    odd.k = static_cast<const char*>(buf.get()) + 2;
+    EXPECT_NE(refusal(s, p.t, odd).find("16-byte"), std::string::npos);
+    DecodeArgs two = a;
+    two.splits = 2;
+    EXPECT_NE(refusal(s, p.t, two).find("workspace"), std::string::npos);
+    two.workspace = buf.get();
+    EXPECT_NE(refusal(s, p.t, two, 8).find("workspace"), std::string::npos);  // too small
+    DecodeArgs odd_lse = a;
+    odd_lse.lse = reinterpret_cast<float*>(static_cast<char*>(buf.get()) + 2);
+    EXPECT_NE(refusal(s, p.t, odd_lse).find("4-byte"), std::string::npos);
+    DecodeShape paged = s;
+    paged.page_size = 16, paged.pages_per_seq = 2, paged.num_pages = 4, paged.capacity = 32;
+    EXPECT_NE(refusal(paged, p.t, a).find(k.paged ? "page table" : "paged"), std::string::npos);
+  }
+  EXPECT_THROW(decoding::find_kernel("10_decoding/v0_nothing"), InputError);
 }
 
 }  // namespace

@@ -353,12 +353,16 @@ TEST(CApi, BackwardFlagsAreCheckedBeforeAnyWork) {
   bool listed = false;
   for (int i = 0; i < fl_rung_count(); ++i) {
     const std::string name = fl_rung_name(i), backend = fl_rung_backend(i);
-    if (backend == "cpu") EXPECT_EQ(fl_rung_has_deterministic_backward(i), fl_rung_has_backward(i)) << name;
+    if (backend == "cpu") {
+      EXPECT_EQ(fl_rung_has_deterministic_backward(i), fl_rung_has_backward(i)) << name;
+    }
     if (name == "07_backward_recompute" && backend == "cuda") {
       EXPECT_EQ(fl_rung_has_deterministic_backward(i), 0);
       listed = true;
     }
-    if (name == "09_hopper_backward/v2_deterministic" && backend == "cuda") EXPECT_EQ(fl_rung_has_deterministic_backward(i), 1);
+    if (name == "09_hopper_backward/v2_deterministic" && backend == "cuda") {
+      EXPECT_EQ(fl_rung_has_deterministic_backward(i), 1);
+    }
   }
   if (!listed) GTEST_SKIP() << "no CUDA rungs in this build";
   EXPECT_REFUSED(fl_backward_ex("07_backward_recompute", &p.shape, FL_FP32, p.in.q.data(), p.in.k.data(),
@@ -577,6 +581,70 @@ TEST(CApi, DecodeHostRunsRung10sTwin) {
   wide.seq_q = 17;
   EXPECT_REFUSED(fl_decode_workspace_bytes(&wide, 1, &bytes), FL_ERR_INVALID, "seq_q");
   EXPECT_EQ(fl_decode_choose_splits(&wide, 10, 132), -1);
+}
+
+// The kernels through the ABI: listed with their ideas; an unknown name is FL_ERR_NOT_FOUND; with
+// no GPU, fl_decode and fl_stream_read say so (FL_ERR_CUDA); with one, every version on device
+// copies of a small ragged problem gives what the twin gives, to rounding.
+TEST(CApi, DecodeKernelsAreListedAndRun) {
+  const int n = fl_decode_version_count();
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(std::string(fl_decode_version_name(i)).rfind("10_decoding/v", 0), 0u) << fl_decode_version_name(i);
+    EXPECT_FALSE(std::string(fl_decode_version_idea(i)).empty());
+  }
+  EXPECT_EQ(fl_decode_version_name(n), nullptr);
+  fl_decode_shape c{2, 4, 2, 2, 64, 130, 0, 0, 0, 1, 0.0};
+  EXPECT_REFUSED(fl_decode("10_decoding/v0_none", &c, FL_BF16, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                           nullptr, 1, nullptr, 0, nullptr),
+                 FL_ERR_NOT_FOUND, "v0_none");
+  if (!fl_cuda_available()) {
+    float sink = 0;
+    EXPECT_EQ(fl_stream_read(&sink, 16, &sink, nullptr), FL_ERR_CUDA);
+    if (n > 0) {
+      EXPECT_EQ(fl_decode(fl_decode_version_name(0), &c, FL_BF16, &sink, &sink, &sink, nullptr, nullptr, &sink, &sink,
+                          1, nullptr, 0, nullptr),
+                FL_ERR_CUDA);
+    }
+    GTEST_SKIP() << "no GPU: the kernels' run is left out";
+  }
+  const fl::DType t = fl::DType::BF16;
+  fl::AttentionShape whole;
+  whole.batch = 2, whole.heads = 4, whole.kv_heads = 2, whole.seq_q = 2, whole.seq_k = 130, whole.head_dim = 64;
+  const fl::Inputs in = fl::make_inputs(whole, t, 78);
+  const std::vector<unsigned char> q = fl::to_storage(in.q, t), k = fl::to_storage(in.k, t), v = fl::to_storage(in.v, t);
+  const std::vector<int32_t> len = {130, 7};
+  std::vector<unsigned char> o_twin(q.size());
+  std::vector<float> lse_twin(8);
+  ASSERT_EQ(fl_decode_host(&c, FL_BF16, q.data(), k.data(), v.data(), nullptr, len.data(), o_twin.data(),
+                           lse_twin.data(), 3, nullptr, 0, nullptr),
+            FL_OK)
+      << fl_last_error();
+  size_t ws_bytes = 0;
+  ASSERT_EQ(fl_decode_workspace_bytes(&c, 3, &ws_bytes), FL_OK);
+  fl::gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dl(len.size() * 4), dout(q.size()), dlse(8 * 4),
+      dws(ws_bytes), sink(16);
+  dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+  dl.upload(len.data(), len.size() * 4);
+  for (int i = 0; i < n; ++i) {
+    dout.poison(), dlse.poison();
+    ASSERT_EQ(fl_decode(fl_decode_version_name(i), &c, FL_BF16, dq.get(), dk.get(), dv.get(), nullptr,
+                        static_cast<const int32_t*>(dl.get()), dout.get(), static_cast<float*>(dlse.get()), 3,
+                        dws.get(), ws_bytes, nullptr),
+              FL_OK)
+        << fl_last_error();
+    std::vector<unsigned char> o(q.size());
+    std::vector<float> lse(8);
+    dout.download(o.data(), o.size());
+    dlse.download(lse.data(), lse.size() * 4);
+    const std::vector<float> of = fl::from_storage(o, t), tf = fl::from_storage(o_twin, t);
+    const std::vector<double> ref(tf.begin(), tf.end());
+    const fl::ErrorStats e = fl::compare(of.data(), ref.data(), int64_t(of.size()));
+    EXPECT_TRUE(fl::passes(e, t)) << fl_decode_version_name(i) << ": " << e.str();
+    for (int r = 0; r < 8; ++r) EXPECT_NEAR(lse[size_t(r)], lse_twin[size_t(r)], 1e-3) << fl_decode_version_name(i);
+  }
+  ASSERT_EQ(fl_stream_read(dq.get(), q.size() / 16 * 16, static_cast<float*>(sink.get()), nullptr), FL_OK)
+      << fl_last_error();
+  fl::gpu::synchronize();
 }
 
 }  // namespace

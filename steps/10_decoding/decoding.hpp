@@ -9,10 +9,11 @@
 //   - reads K and V either from a contiguous cache or through a page table (a paged KV cache, as
 //     vLLM and FlashInfer keep one), with a length per sequence.
 //
-// Status: the CPU twin, the layouts, the split rule and the IO model (docs/10_decoding.md). The
-// GPU kernels come next; until they exist this rung registers no `Rung` (its problem is not an
-// AttentionShape: lengths differ per sequence); the twin is reached through `twin_decode` and the
-// C ABI's fl_decode_host.
+// The CPU twin (`twin_decode`), the layouts, the split rule and the IO model live here and in
+// decoding.cpp; the GPU kernels, one version a file (v1_split_kv.cu, v2_paged.cu), share
+// decode.cuh and register themselves in `kernels()`. Its problem is not an AttentionShape (every
+// sequence has its own length), so this rung registers no `Rung`: the ladder, the tests and the C
+// ABI (fl_decode, fl_decode_host) reach it through `decode` and `twin_decode`.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,7 @@ struct DecodeArgs {
   int splits = 0;                        // 0: choose_splits for sm_count SMs; else 1 .. kMaxSplits
   int sm_count = 132;                    // the SMs choose_splits fills (the twin has none: an H100's)
   IoCounter* io = nullptr;               // the twin's bytes moved, when not null
+  void* stream = nullptr;                // the kernels: the cudaStream_t to queue on (null: default)
 };
 
 // How many pieces to cut every sequence's keys into: enough thread blocks (B · Hkv · splits) to
@@ -104,5 +106,32 @@ IoModel io_model(const DecodeShape& s, DType t, const std::vector<int32_t>& kv_l
 // Throws InputError for a bad shape, a null pointer, a length past the capacity or a page id
 // outside the pool, before any work.
 void twin_decode(const DecodeShape& s, DType t, const DecodeArgs& a);
+
+// ---- The GPU kernels ---------------------------------------------------------------------------
+
+// One version of the rung's kernel: what a version file registers at program start.
+struct Kernel {
+  std::string name;  // "10_decoding/v1_split_kv"
+  std::string idea;  // one line
+  bool paged;        // reads a paged cache too (else contiguous only)
+  // Launches the split pass (and, for splits > 1, the merge) for a checked call; a.splits ≥ 1.
+  void (*launch)(const DecodeShape& s, DType t, const DecodeArgs& a);
+};
+void register_kernel(const Kernel& k);
+const std::vector<Kernel>& kernels();              // by name: the chapter's order; empty without CUDA
+const Kernel& find_kernel(const std::string& name);  // throws InputError listing the names
+
+// Checks a call and queues kernel `k` on a.stream (device pointers): the shape, the dtype, head
+// dims 64 and 128, null and misaligned pointers, a paged cache for a kernel without pages, the
+// number of pieces and the workspace, all before any launch. a.splits = 0 picks choose_splits for
+// a.sm_count SMs with the longest sequence taken as the capacity (the lengths are on the device).
+// Lengths and page ids are not checked (they are on the device); out-of-range ones are the
+// caller's bug, as in every paged-attention library.
+void decode(const Kernel& k, const DecodeShape& s, DType t, const DecodeArgs& a, std::size_t workspace_bytes);
+
+// The ceiling a decoding kernel is measured against: reads `bytes` (a multiple of 16, 16-byte
+// aligned) at `data` once, in 16-byte loads over the whole GPU, and XORs a checksum of them into
+// sink[0]'s bits (so no load can be dropped). Queued on `stream`. Throws without CUDA.
+void stream_read(const void* data, std::size_t bytes, float* sink, void* stream);
 
 }  // namespace fl::decoding
