@@ -4,6 +4,8 @@
 //   build/bench/ladder --seq 4096 --heads 16        a bigger problem
 //   build/bench/ladder --rungs 00,01 --inputs large-logits   why rung 01 exists
 //   build/bench/ladder --list                       what each rung teaches
+//   build/bench/ladder --decode --seq-k 32768 --heads 32 --kv-heads 8 --batch 16 --page-size 16
+//                                                   rung 10: decoding against a KV cache
 //
 // One row per rung and device: the median time, TFLOP/s by the convention of shared/anchors.md
 // (4·B·H·Nq·Nk·d, halved when causal), the speed-up over the rung above it on the same device, the
@@ -51,6 +53,7 @@
 #include "harness.hpp"
 #include "host_memory.hpp"
 #include "reference.hpp"
+#include "../steps/10_decoding/decoding.hpp"
 
 namespace fl {
 namespace {
@@ -94,6 +97,10 @@ struct Options {
   bool backward = true;            // the backward table, for rungs that have a backward pass
   bool deterministic = false;      // every backward in the rung's deterministic mode
   bool list = false, help = false;
+  // --decode: rung 10's problem (new rows against a KV cache) instead of the rungs' one
+  bool decode = false, dtype_given = false;
+  int64_t page_size = 0;  // --page-size: 0 for a contiguous cache
+  int64_t splits = 0;     // --splits: 0 lets the rung choose
 
   AttentionShape shape() const {
     AttentionShape s;
@@ -162,6 +169,16 @@ Measuring:
                        one is left out of the backward table, with why
   --json FILE          also write the results as JSON to FILE
 
+Decoding (rung 10: one to sixteen new rows per sequence against a KV cache):
+  --decode             run rung 10's twin and kernels instead of the rungs above: B sequences of
+                       ragged lengths (sequence b holds Nk - b*Nk/(2B) keys), Nq = --seq-q new
+                       rows each (default 1), --heads and --kv-heads as above, bf16 unless --dtype
+                       says fp16. Each is checked against the fp64 oracle sequence by sequence and
+                       timed; the table gives the K and V bytes read per second and, on a GPU,
+                       that as a share of a plain streaming read of the same GPU.
+  --page-size P        a paged KV cache, P keys a page (a multiple of 16; default 0: contiguous)
+  --splits S           pieces each sequence's keys are cut into, 1..64 (default: the rung chooses)
+
   --help               this text
 
 Flags take their value as the next argument or after '=': --seq 1024, --seq=1024.
@@ -215,6 +232,9 @@ Options parse_args(int argc, char** argv) {
 
     if (flag == "--help") o.help = switch_flag();
     else if (flag == "--list") o.list = switch_flag();
+    else if (flag == "--decode") o.decode = switch_flag();
+    else if (flag == "--page-size") o.page_size = integer(0);
+    else if (flag == "--splits") o.splits = integer(1, decoding::kMaxSplits);
     else if (flag == "--no-backward") o.backward = !switch_flag();
     else if (flag == "--deterministic") o.deterministic = switch_flag();
     else if (flag == "--causal") o.causal = switch_flag();
@@ -239,7 +259,7 @@ Options parse_args(int argc, char** argv) {
       // 0 is how the shape spells "the default", so it is refused here with inf and NaN alike.
       if (!(std::isfinite(o.scale) && o.scale > 0))
         throw UsageError("--scale must be finite and > 0 (leave it out for the default 1/sqrt(d)), got " + v);
-    } else if (flag == "--dtype") o.dtype = parse_dtype(next());
+    } else if (flag == "--dtype") o.dtype = parse_dtype(next()), o.dtype_given = true;
     else if (flag == "--seed") {
       const std::string v = next();
       if (!bench::parse_uint64(v, &o.seed))
@@ -258,7 +278,8 @@ Options parse_args(int argc, char** argv) {
     else
       throw UsageError("unknown flag '" + flag + "'; the flags are --rungs --device --batch --heads "
                        "--kv-heads --seq --seq-q --seq-k --head-dim --causal --scale --dtype --seed "
-                       "--inputs --warmup --reps --verify-rows --no-backward --deterministic --json --list --help");
+                       "--inputs --warmup --reps --verify-rows --no-backward --deterministic --json --list --decode "
+                       "--page-size --splits --help");
   }
   return o;
 }
@@ -847,6 +868,195 @@ void list_rungs(std::ostream& os) {
            yn(c.backward), r->idea()});
   }
   t.print(os);
+  os << "\nRung 10, decoding (ladder --decode): its twin (cpu) and kernels (cuda), fp16 and bf16\n";
+  Table d({"version", "backend", "paged", "idea"}, {false, false, false, false});
+  d.add({"10_decoding", "cpu", "yes", "the twin: split-KV with a group's rows packed, contiguous or paged cache"});
+  for (const decoding::Kernel& k : decoding::kernels()) d.add({k.name, "cuda", k.paged ? "yes" : "no", k.idea});
+  d.print(os);
+}
+
+// ---- --decode: rung 10 ---------------------------------------------------------------------------
+
+gpu::DeviceBuffer upload(const std::vector<unsigned char>& x) {
+  gpu::DeviceBuffer d(std::max<std::size_t>(x.size(), 16));
+  if (!x.empty()) d.upload(x.data(), x.size());
+  return d;
+}
+gpu::DeviceBuffer upload_ints(const std::vector<int32_t>& x) {
+  gpu::DeviceBuffer d(std::max<std::size_t>(x.size() * 4, 16));
+  if (!x.empty()) d.upload(x.data(), x.size() * 4);
+  return d;
+}
+
+// Rung 10's problem from the flags: B sequences of ragged lengths (the longest Nk), Nq new rows.
+struct DecodeRun {
+  decoding::DecodeShape s;  // contiguous; the paged copy is made from it
+  std::vector<int32_t> len;
+  std::vector<float> q, k, v;  // q [B, H, Nq, d]; k, v [B, Hkv, Nk, d], slots past a length NaN
+};
+
+DecodeRun make_decode_run(const Options& o) {
+  DecodeRun r;
+  decoding::DecodeShape& s = r.s;
+  s.batch = o.batch, s.heads = o.heads, s.kv_heads = o.kv_heads.value_or(o.heads);
+  s.seq_q = o.seq_q.value_or(1), s.head_dim = o.head_dim, s.causal = o.causal, s.scale = o.scale;
+  s.capacity = o.seq_k.value_or(o.seq);
+  s.validate();
+  if (s.capacity > std::numeric_limits<int32_t>::max()) throw InputError("--seq-k: lengths are int32");
+  for (int64_t b = 0; b < s.batch; ++b) r.len.push_back(int32_t(s.capacity - b * (s.capacity / (2 * s.batch))));
+  const double values = double(s.batch) * double(s.kv_heads) * double(s.capacity) * double(s.head_dim);
+  require_host_memory(values * 4 * 2 * (o.page_size > 0 ? 2 : 1) + values * 2 * 2,
+                      "the KV cache (" + s.str() + ")", "a smaller --seq-k, --batch or --kv-heads would fit");
+  const Inputs in = make_inputs(
+      AttentionShape{s.batch, s.heads, s.kv_heads, s.seq_q, s.capacity, s.head_dim, false, 0.0}, o.dtype, o.seed);
+  r.q = in.q, r.k = in.k, r.v = in.v;
+  for (int64_t b = 0; b < s.batch; ++b)  // slots past a sequence's length: NaN, never read
+    for (int64_t h = 0; h < s.kv_heads; ++h) {
+      const auto from = std::ptrdiff_t(((b * s.kv_heads + h) * s.capacity + r.len[std::size_t(b)]) * s.head_dim);
+      const auto to = std::ptrdiff_t(((b * s.kv_heads + h) + 1) * s.capacity * s.head_dim);
+      std::fill(r.k.begin() + from, r.k.begin() + to, std::numeric_limits<float>::quiet_NaN());
+      std::fill(r.v.begin() + from, r.v.begin() + to, std::numeric_limits<float>::quiet_NaN());
+    }
+  return r;
+}
+
+// The fp64 oracle, sequence by sequence (each on its own keys): O [B, H, Nq, d] and lse.
+void decode_oracle(const DecodeRun& r, std::vector<double>* o, std::vector<double>* lse) {
+  const decoding::DecodeShape& s = r.s;
+  const int64_t d = s.head_dim, per_o = s.heads * s.seq_q * d, per_l = s.heads * s.seq_q;
+  o->assign(std::size_t(s.batch * per_o), 0.0);
+  lse->assign(std::size_t(s.batch * per_l), -std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < s.batch; ++b) {
+    const int64_t L = r.len[std::size_t(b)];
+    if (L == 0) continue;
+    std::vector<float> kb, vb;
+    for (int64_t h = 0; h < s.kv_heads; ++h) {
+      const auto from = std::ptrdiff_t((b * s.kv_heads + h) * s.capacity * d);
+      kb.insert(kb.end(), r.k.begin() + from, r.k.begin() + from + L * d);
+      vb.insert(vb.end(), r.v.begin() + from, r.v.begin() + from + L * d);
+    }
+    const ReferenceForward ref = reference_forward(
+        AttentionShape{1, s.heads, s.kv_heads, s.seq_q, L, d, s.causal, s.scale}, r.q.data() + b * per_o, kb.data(),
+        vb.data());
+    std::copy(ref.o.begin(), ref.o.end(), o->begin() + b * per_o);
+    std::copy(ref.lse.begin(), ref.lse.end(), lse->begin() + b * per_l);
+  }
+}
+
+int decode_main(const Options& opt) {
+  if (!opt.json.empty() || opt.rungs != "all" || opt.inputs != InputKind::Normal || opt.deterministic ||
+      opt.verify_rows != 0)
+    throw UsageError("--decode takes the shape flags, --dtype, --seed, --device, --warmup, --reps, --page-size and "
+                     "--splits; --json, --rungs, --inputs, --verify-rows and --deterministic are for the other rungs");
+  if (opt.dtype_given && opt.dtype != DType::F16 && opt.dtype != DType::BF16)
+    throw InputError("--decode runs fp16 and bf16 (rung 10's dtypes), not " + std::string(dtype_name(opt.dtype)));
+  const DType t = opt.dtype_given ? opt.dtype : DType::BF16;
+  Options o = opt;
+  o.dtype = t;
+  const DecodeRun run = make_decode_run(o);
+  decoding::DecodeShape s = run.s;
+  std::vector<float> k = run.k, v = run.v;
+  std::vector<int32_t> table;
+  if (opt.page_size > 0) {
+    decoding::PagedCopy paged =
+        decoding::to_paged(s, run.k, run.v, opt.page_size, opt.seed + 7, 3, std::numeric_limits<float>::quiet_NaN());
+    s = paged.shape;
+    k = std::move(paged.k), v = std::move(paged.v), table = std::move(paged.table);
+  }
+  const bench::GpuChoice gpu = bench::choose_gpu(opt.device, "--device cuda");
+  const int sms = gpu.use ? gpu::sm_count() : 132;
+  const int splits = opt.splits > 0 ? int(opt.splits) : decoding::choose_splits(s, s.capacity, sms);
+  const double kv_bytes = [&] {
+    double n = 0;
+    for (int32_t L : run.len) n += 2.0 * double(L) * double(s.kv_heads) * double(s.head_dim) * dtype_bytes(t);
+    return n;
+  }();
+  std::string lens;
+  for (int32_t L : run.len) lens += (lens.empty() ? "" : ",") + std::to_string(L);
+  std::cout << "Flash Ladder, rung 10 (decoding): " << s.str() << ", " << dtype_name(t) << ", lengths {" << lens
+            << "}, " << splits << " piece" << (splits > 1 ? "s" : "") << " per sequence"
+            << (opt.splits > 0 ? "" : " (chosen for " + std::to_string(sms) + " SMs)") << "\nK and V: "
+            << describe_bytes(kv_bytes) << " read once per KV head; checked against the fp64 oracle, every sequence\n";
+  if (opt.device == "all" && !gpu.use) std::cout << "GPU kernels skipped: " << gpu.why << '\n';
+  std::cerr << "fp64 oracle...\n";
+  std::vector<double> ref_o, ref_l;
+  decode_oracle(run, &ref_o, &ref_l);
+
+  const std::vector<unsigned char> q8 = to_storage(run.q, t), k8 = to_storage(k, t), v8 = to_storage(v, t);
+  const std::size_t o_bytes = q8.size(), l_count = ref_l.size(), ws_bytes = decoding::workspace_bytes(s, splits);
+  Table tab({"version", "backend", "ms", "K,V GB/s", "of stream read", "O rel err", "lse max err", "status"},
+            {false, false, true, true, true, true, true, false});
+  int failed = 0;
+  // One row: check O and lse (downloaded into o8, lse), time `call`.
+  auto add_row = [&](const std::string& name, const std::string& backend, const std::vector<unsigned char>& o8,
+                     const std::vector<float>& lse, double ms, double ceiling) {
+    const std::vector<float> of = from_storage(o8, t);
+    const ErrorStats eo = compare(of.data(), ref_o.data(), int64_t(of.size()));
+    const ErrorStats el = compare(lse.data(), ref_l.data(), int64_t(lse.size()));
+    const bool ok = passes(eo, t) && el.bad == 0 && el.max_abs < 1e-3;
+    failed += !ok;
+    const double gbs = kv_bytes / (ms * 1e-3) / 1e9;
+    tab.add({name, backend, fmt("%.4g", ms), fmt("%.0f", gbs), ceiling > 0 ? fmt("%.0f%%", 100 * gbs / ceiling) : "-",
+             fmt("%.2e", eo.rel_l2), fmt("%.2e", el.max_abs), ok ? "PASS" : "FAIL"});
+  };
+  decoding::DecodeArgs a;
+  a.splits = splits;
+  a.sm_count = sms;
+  if (opt.device != "cuda") {  // the twin
+    if (kv_bytes > 4e8) {
+      tab.add({"10_decoding", "cpu", "-", "-", "-", "-", "-", "skipped: K and V past 400 MB (--device cpu is slow)"});
+    } else {
+      std::vector<unsigned char> o8(o_bytes), ws(ws_bytes);
+      std::vector<float> lse(l_count);
+      a.q = q8.data(), a.k = k8.data(), a.v = v8.data(), a.page_table = table.empty() ? nullptr : table.data();
+      a.kv_len = run.len.data(), a.o = o8.data(), a.lse = lse.data(), a.workspace = ws.empty() ? nullptr : ws.data();
+      std::cerr << "10_decoding (cpu)...\n";
+      const double ms = bench::host_ms([&] { decoding::twin_decode(s, t, a); });
+      add_row("10_decoding", "cpu", o8, lse, ms, 0);
+    }
+  }
+  if (gpu.use) {
+    const gpu::DeviceBuffer dq = upload(q8), dk = upload(k8), dv = upload(v8),
+                            dt = upload_ints(table), dl = upload_ints(run.len);
+    gpu::DeviceBuffer dout(o_bytes), dlse(l_count * 4), dws(std::max<std::size_t>(ws_bytes, 16));
+    // The ceiling: a streaming read of a buffer at least as large as K and V (and 1 GB).
+    const std::size_t read_bytes = std::max<std::size_t>(std::size_t(1) << 30, std::size_t(kv_bytes)) / 16 * 16;
+    double ceiling = 0;
+    {
+      gpu::require_memory(read_bytes, "the streaming-read probe");
+      gpu::DeviceBuffer big(read_bytes), sink(16);
+      const double ms = gpu::time_ms([&] { decoding::stream_read(big.get(), read_bytes, static_cast<float*>(sink.get()), nullptr); },
+                                     1, 5, [] { gpu::flush_l2(); });
+      ceiling = double(read_bytes) / (ms * 1e-3) / 1e9;
+      tab.add({"stream_read", "cuda", fmt("%.4g", ms), fmt("%.0f", ceiling), "100%", "-", "-", "the ceiling"});
+    }
+    a.q = dq.get(), a.k = dk.get(), a.v = dv.get();
+    a.page_table = table.empty() ? nullptr : static_cast<const int32_t*>(dt.get());
+    a.kv_len = static_cast<const int32_t*>(dl.get()), a.o = dout.get(), a.lse = static_cast<float*>(dlse.get());
+    a.workspace = dws.get();
+    for (const decoding::Kernel& kern : decoding::kernels()) {
+      if (s.paged() && !kern.paged) {
+        tab.add({kern.name, "cuda", "-", "-", "-", "-", "-", "skipped: no paged path (--page-size 0 runs it)"});
+        continue;
+      }
+      std::cerr << kern.name << "...\n";
+      dout.poison(), dlse.poison();
+      decoding::decode(kern, s, t, a, dws.size());
+      gpu::synchronize();
+      std::vector<unsigned char> o8(o_bytes);
+      std::vector<float> lse(l_count);
+      dout.download(o8.data(), o8.size());
+      dlse.download(lse.data(), lse.size() * 4);
+      const double ms = gpu::time_ms([&] { decoding::decode(kern, s, t, a, dws.size()); }, opt.warmup_for(Backend::Cuda),
+                                     opt.reps_for(Backend::Cuda), [] { gpu::flush_l2(); });
+      add_row(kern.name, "cuda", o8, lse, ms, ceiling);
+    }
+  }
+  std::cout << '\n';
+  tab.print(std::cout);
+  std::cout << "\nK,V GB/s: the bytes of K and V of every sequence (once per KV head) over the time; "
+            << "rows pass within the dtype's tolerance (" << fmt("%.0e", tolerance(t)) << ") and lse within 1e-3\n";
+  return failed ? 1 : 0;
 }
 
 // ---- main ----------------------------------------------------------------------------------------
@@ -860,6 +1070,8 @@ int ladder_main(int argc, char** argv) {
     list_rungs(std::cout);
     return 0;
   }
+  if (opt.decode) return decode_main(opt);
+  if (opt.page_size || opt.splits) throw UsageError("--page-size and --splits go with --decode");
 
   Problem p;
   p.shape = opt.shape();

@@ -44,7 +44,8 @@ extern "C" {
 #endif
 
 /* Bumped whenever a struct or a signature below changes, so a binding written against an older
- * header (compare_torch.py mirrors fl_shape in ctypes) can refuse to run instead of misreading. */
+ * header (compare_torch.py mirrors fl_shape and fl_decode_shape in ctypes) can refuse to run
+ * instead of misreading. */
 #define FL_ABI_VERSION 3  /* 2: fl_decode_shape and the decoding entry points (rung 10);
                               3: fl_decode (rung 10's kernels), their list, fl_stream_read */
 

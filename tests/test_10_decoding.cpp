@@ -90,29 +90,12 @@ struct Result {
 // NaN between them. Outputs start as NaN. The kernel gets the twin's number of pieces.
 Result run(const Problem& p, int64_t page_size, int splits, const decoding::Kernel* kernel) {
   DecodeShape s = p.s;
-  const int64_t d = s.head_dim;
   std::vector<float> k = p.k, v = p.v;
   std::vector<int32_t> table;
   if (page_size > 0) {
-    s.page_size = page_size;
-    s.pages_per_seq = (p.s.capacity + page_size - 1) / page_size;
-    s.capacity = s.pages_per_seq * page_size;
-    s.num_pages = s.batch * s.pages_per_seq + 3;  // three pages nobody owns
-    std::vector<int32_t> ids(std::size_t(s.num_pages));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), std::mt19937_64(p.seed + 7));
-    table.assign(ids.begin(), ids.begin() + s.batch * s.pages_per_seq);
-    k.assign(std::size_t(s.num_pages * s.kv_heads * page_size * d), kNaN);
-    v = k;
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t h = 0; h < s.kv_heads; ++h)
-        for (int64_t j = 0; j < p.s.capacity; ++j) {
-          const int64_t page = table[std::size_t(b * s.pages_per_seq + j / page_size)];
-          const std::size_t to = std::size_t(((page * s.kv_heads + h) * page_size + j % page_size) * d);
-          const std::size_t from = std::size_t(((b * s.kv_heads + h) * p.s.capacity + j) * d);
-          std::copy_n(p.k.begin() + std::ptrdiff_t(from), d, k.begin() + std::ptrdiff_t(to));
-          std::copy_n(p.v.begin() + std::ptrdiff_t(from), d, v.begin() + std::ptrdiff_t(to));
-        }
+    decoding::PagedCopy paged = decoding::to_paged(s, p.k, p.v, page_size, p.seed + 7, 3, kNaN);
+    s = paged.shape;
+    k = std::move(paged.k), v = std::move(paged.v), table = std::move(paged.table);
   }
   const std::vector<unsigned char> q8 = to_storage(p.q, p.t), k8 = to_storage(k, p.t), v8 = to_storage(v, p.t);
   Result r;

@@ -107,6 +107,18 @@ IoModel io_model(const DecodeShape& s, DType t, const std::vector<int32_t>& kv_l
 // outside the pool, before any work.
 void twin_decode(const DecodeShape& s, DType t, const DecodeArgs& a);
 
+// A contiguous cache (s: page_size 0; k, v [B, Hkv, capacity, d]) copied into the paged layout:
+// the pages of every sequence scattered over a pool in an order drawn from `seed`, `spare` pages
+// no sequence owns among them, and every slot no key was copied to (spare pages, the end of a
+// last page) holding `fill`. The tests and the ladder give a kernel the same keys both ways.
+struct PagedCopy {
+  DecodeShape shape;            // paged: pages_per_seq = ⌈capacity / page_size⌉, num_pages
+  std::vector<float> k, v;      // [num_pages, Hkv, page_size, d]
+  std::vector<int32_t> table;   // [B, pages_per_seq]
+};
+PagedCopy to_paged(const DecodeShape& s, const std::vector<float>& k, const std::vector<float>& v, int64_t page_size,
+                   uint64_t seed, int64_t spare, float fill);
+
 // ---- The GPU kernels ---------------------------------------------------------------------------
 
 // One version of the rung's kernel: what a version file registers at program start.
