@@ -49,7 +49,7 @@ from collections import OrderedDict
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("ladder", "bench", "torch", "memory", "io")
 # Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
-BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary", "bwd_grid_summary")
+BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary", "bwd_grid_summary", "decode")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 
 # The one ratio convention of every table: speed relative to a peer, the peer's time over ours.
@@ -749,6 +749,51 @@ def grid_summary_part(probes: list, rung: str, ph: str = "fwd") -> str:
                                     for t in dtypes) if p)
 
 
+def decode_part(rows: list[dict], figure: str | None) -> str:
+    """Rung 10 (NN_name__decode): bench/compare_decode.py's rows in torch.json, the newest run's:
+    the ceilings, then per cell every kernel's time, the bytes of K and V it read per second, that
+    as a share of the streaming read and against the faster of SDPA's flash and cuDNN."""
+    dec = [r for r in rows if r.get("kind") in ("decode", "ceiling") and r.get("date")]
+    if not dec:
+        return ""
+    newest = max(day(r["date"]) for r in dec)
+    dec = [r for r in dec if day(r["date"]) == newest]
+    ceil = {r["name"]: r for r in dec if r["kind"] == "ceiling"}
+    read = ceil.get("stream_read", {}).get("GBps")
+    copy = ceil.get("copy", {}).get("GBps")
+    device = dec[0].get("device", "?")
+    out = ["Measured on %s, %s (`python3 bench/compare_decode.py --json torch.json`): a streaming read "
+           "reaches %s GB/s and a device-to-device copy moves %s GB/s (reads and writes). GB/s below "
+           "counts the bytes of K and V once per KV head, the same for every kernel; \"of read\" is that "
+           "over the streaming read, \"x SDPA\" the faster of flash's and cuDNN's time over the kernel's "
+           "(above 1: faster)." % (device, newest, sig3(read), sig3(copy)), ""]
+    notes = Notes()
+    body = []
+    for r in dec:
+        if r["kind"] != "decode" or r.get("name") == "cell" and not r.get("skip"):
+            continue
+        name = r["name"] + (" paged %d" % r["page_size"] if r.get("page_size") else "")
+        lead = [r.get("shape", "?"), r.get("dtype", "?"), name]
+        if r.get("ms") is None:
+            why = r.get("skip") or r.get("error") or "not measured"
+            body.append(lead + ["-"] * 6 + [("skipped" if r.get("skip") else "ERROR") + notes.ref(why)])
+            continue
+        frac = r.get("frac_stream_read")
+        check = "PASS" if r.get("passed") else ("-" if r.get("passed") is None else "FAIL")
+        if r.get("paged_same_bits") is not None:
+            check += ", same bits" if r["paged_same_bits"] else ", other bits"
+        body.append(lead + [str(r["splits"]) if r.get("splits") else "-", sig3(r["ms"] * 1e3), sig3(r.get("GBps")),
+                            "%.0f%%" % (100 * frac) if frac is not None else "-",
+                            "%.2f" % r["ratio_to_best_sdpa"] if r.get("ratio_to_best_sdpa") else "-",
+                            sci(r.get("rel_err")), check])
+    out += table(["cell", "dtype", "kernel", "splits", "time (us)", "GB/s", "of read", "x SDPA", "rel err O",
+                  "check"], body, [False, False, False, True, True, True, True, True, True, False])
+    out += notes.lines()
+    if figure:
+        out += ["", "![Bandwidth against KV length](%s)" % figure]
+    return "\n".join(out)
+
+
 def memory_part(rows: list[dict], rung: str, figure: str | None) -> str:
     """The memory sweep (compare_torch.py --memory-sweep): for each N, the extra device memory of a
     forward+backward of each of the rung's versions that ran it and of standard attention (SDPA
@@ -926,6 +971,11 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
                 return {"torch": grid_summary_part(probes_doc, step, "bwd") if isinstance(probes_doc, list) else None}
             if kind == "grid_summary":
                 return {"torch": grid_summary_part(probes_doc, step) if isinstance(probes_doc, list) else None}
+            if kind == "decode":
+                figure = os.path.join(docs_dir, "figures", "decode_bandwidth.png")
+                rel = (os.path.relpath(figure, os.path.dirname(page)).replace(os.sep, "/")
+                       if os.path.exists(figure) else None)
+                return {"torch": decode_part(trows, rel) if torch_doc is not None else None}
             if kind in ("summary", "bwd_summary"):
                 ph = "fwd" if kind == "summary" else "bwd"
                 return {"torch": summary_part(trows, step, ph) if torch_doc is not None else None}
@@ -1106,6 +1156,36 @@ def self_test(keep: str | None = None) -> int:
         c3 = read(chapter)
         expect("| 1x16x4096x64 | fp32 | 3.00 | 22.9 | 3.0e-07 | PASS | - | - | - | 0.50 |" in c3 and "07_x" not in c3
                and c3.count("| 1x16x4096x64 |") == 1, "backward or memory rows reached a forward block:\n" + c3)
+        # Rung 10's block (NN_name__decode): empty without decode rows; the newest run's rows.
+        dec_page = os.path.join(docs, "10_x.md")
+        dec_text = "# 10\n\n<!-- results:10_x__decode:begin -->\n<!-- results:10_x__decode:end -->\n"
+        with open(dec_page, "w", encoding="utf-8") as f:
+            f.write(dec_text)
+        run(res, docs, rm, False)
+        expect(read(dec_page) == dec_text, "decode block filled without decode rows:\n" + read(dec_page))
+        dc = {"device": "NVIDIA H100 80GB HBM3", "date": "2030-01-06T00:00:00+00:00", "dtype": "bf16",
+              "shape": "16x32/8x1x32768x128"}
+        dec_rows = [dict(dc, kind="ceiling", name="stream_read", GBps=3100.0, ms=0.7),
+                    dict(dc, kind="ceiling", name="copy", GBps=2900.0, ms=0.7),
+                    dict(dc, kind="decode", name="10_decoding/v1_split_kv", splits=2, ms=0.8, GBps=2900.0,
+                         frac_stream_read=0.935, ratio_to_best_sdpa=1.05, rel_err=3e-3, passed=True),
+                    dict(dc, kind="decode", name="10_decoding/v2_paged", page_size=64, splits=2, ms=0.8,
+                         GBps=2900.0, frac_stream_read=0.935, ratio_to_best_sdpa=1.05, rel_err=3e-3, passed=True,
+                         paged_same_bits=True),
+                    dict(dc, kind="decode", name="sdpa_flash", ms=None, error="refused | gqa"),
+                    dict(dc, kind="decode", name="cell", shape="64x32x1x131072x128", ms=None, skip="needs 137 GB"),
+                    dict(dc, kind="decode", name="10_decoding/v1_split_kv", date="2030-01-01T00:00:00+00:00",
+                         ms=9.0, GBps=1.0, splits=1, passed=True)]
+        with open(os.path.join(res, "torch.json"), "w") as f:
+            json.dump(torch_json + bwd_rows + mem_rows + dec_rows, f)
+        run(res, docs, rm, False)
+        dp = read(dec_page)
+        expect("reaches 3.10e+03 GB/s" in dp or "reaches 3100 GB/s" in dp, "decode ceiling missing:\n" + dp)
+        expect("| 16x32/8x1x32768x128 | bf16 | 10_decoding/v1_split_kv | 2 | 800 | 2900 | 94% | 1.05 | 3.0e-03 | PASS |"
+               in dp and "v2_paged paged 64" in dp and "PASS, same bits" in dp, "decode table wrong:\n" + dp)
+        expect("ERROR [" in dp and "skipped [" in dp and "needs 137 GB" in dp and "| 9.00 |" not in dp
+               and "| 1.00 |" not in dp, "decode errors, skips or an old run wrong:\n" + dp)
+        expect("07_x" not in dp and "sdpa_math" not in dp, "other rows reached the decode block:\n" + dp)
         with open(bwd_page, "a", encoding="utf-8") as f:
             f.write("<!-- results:07_x__nonsense:begin -->\n<!-- results:07_x__nonsense:end -->\n")
         try:
