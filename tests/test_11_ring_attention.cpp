@@ -1,0 +1,343 @@
+// Rung 11: ring attention, the CPU twin. Forward and backward of P = 1..4 simulated ranks against
+// the fp64 oracle (contiguous and zigzag sharding, causal and not, GQA 1:1 and 4:1, fp32, fp16,
+// bf16, d = 64 and 128); one rank giving the bits of the local twin it calls; P ranks within 2× the
+// single-rank twin's error; the bytes every rank sends and receives, and every step, equal to the
+// closed form (`ring_io_model`); each rank's device-memory traffic equal to the local twin's model
+// summed over its steps; zigzag balancing causal work where contiguous does not; bad calls refused
+// before any work. Outputs start as NaN, so an element no rank wrote shows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../steps/11_ring_attention/ring_attention.hpp"
+#include "compare.hpp"
+#include "harness.hpp"
+#include "reference.hpp"
+#include "rung_testing.hpp"
+
+namespace fl::testing {
+namespace {
+
+using ring::RingShape;
+using ring::RingStats;
+using ring::Sharding;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+RingShape ring_shape(int64_t heads, int64_t kv_heads, int64_t n, int64_t d, bool causal, int64_t ranks, Sharding sh,
+                     int64_t batch = 1) {
+  return {make_shape(batch, heads, kv_heads, n, n, d, causal), ranks, sh};
+}
+
+// The ring's outputs in fp32, every element exact in the dtype, and its account.
+struct RingForward {
+  ForwardOutputs out;
+  std::vector<unsigned char> o;  // O as stored, for bitwise comparisons
+  RingStats stats;
+};
+RingForward ring_forward(const RingShape& s, DType t, const Inputs& in) {
+  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+  RingForward r;
+  r.o = to_storage(std::vector<float>(in.q.size(), kNaN), t);  // poisoned
+  r.out.lse.assign(std::size_t(s.attn.lse_elems()), kNaN);
+  ring::twin_ring_forward(s, t, q.data(), k.data(), v.data(), r.o.data(), r.out.lse.data(), &r.stats);
+  r.out.o = from_storage(r.o, t);
+  return r;
+}
+
+struct RingBackward {
+  BackwardOutputs grads;
+  RingStats stats;
+};
+RingBackward ring_backward(const RingShape& s, DType t, const Inputs& in, const BackwardInputs& bin) {
+  auto st = [t](const std::vector<float>& x) { return to_storage(x, t); };
+  const std::vector<unsigned char> q = st(in.q), k = st(in.k), v = st(in.v), o = st(bin.o), dout = st(bin.dout);
+  std::vector<unsigned char> dq = st(std::vector<float>(in.q.size(), kNaN)), dk = st(std::vector<float>(in.k.size(), kNaN)),
+                             dv = dk;  // poisoned
+  RingBackward r;
+  ring::twin_ring_backward(s, t, q.data(), k.data(), v.data(), o.data(), bin.lse.data(), dout.data(), dq.data(),
+                           dk.data(), dv.data(), &r.stats);
+  r.grads = {from_storage(dq, t), from_storage(dk, t), from_storage(dv, t)};
+  return r;
+}
+
+// The grid: P 1..4, both shardings, causal and not, GQA 1:1 and 4:1, N = 48 (a multiple of 2P
+// for every P here) and N = 120 at P = 3 (chunks of 20 and 40 keys: not a multiple of any block).
+std::vector<RingShape> grid(int64_t d) {
+  std::vector<RingShape> out;
+  for (int64_t P : {1, 2, 3, 4})
+    for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+      for (bool causal : {false, true})
+        for (auto [h, hkv] : {std::pair<int64_t, int64_t>{2, 2}, {4, 1}}) out.push_back(ring_shape(h, hkv, 48, d, causal, P, sh));
+  for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag}) out.push_back(ring_shape(4, 1, 120, d, true, 3, sh, 2));
+  return out;
+}
+
+const std::vector<DType> kDtypes = {DType::F32, DType::F16, DType::BF16};
+
+// The error of `out` against the oracle must be within the dtype's tolerance and at most 2× that
+// of the single-rank twin on the same inputs (with a floor of a tenth of the tolerance, for when
+// both sit at rounding level): the rule a GPU rung meets against its twin.
+void expect_no_worse_than(const ErrorStats& ring, const ErrorStats& single, DType t, const char* what) {
+  EXPECT_EQ(ring.bad, 0) << what << ": " << ring.str();
+  EXPECT_LE(ring.rel_l2, tolerance(t)) << what << ": " << ring.str();
+  EXPECT_LE(ring.rel_l2, std::max(2 * single.rel_l2, tolerance(t) / 10))
+      << what << ": ring " << ring.str() << ", single-rank twin " << single.str();
+}
+
+// ---- The forward ------------------------------------------------------------------------------
+
+TEST(RingAttention, ForwardMatchesTheOracleAndTheSingleRankTwin) {
+  uint64_t seed = base_seed();
+  for (int64_t d : {64, 128})
+    for (const RingShape& s : grid(d))
+      for (DType t : kDtypes) {
+        if (d == 128 && t != DType::BF16) continue;  // d = 128 once, in the coarsest dtype
+        SCOPED_TRACE(s.str() + " " + dtype_name(t) + " seed=" + std::to_string(seed));
+        const Inputs in = make_inputs(s.attn, t, seed++);
+        const RingForward r = ring_forward(s, t, in);
+        const ReferenceForward ref = reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data());
+        const ForwardCheck c = check_forward(s.attn, t, r.out, ref);
+        EXPECT_TRUE(c.pass) << c.str();
+        ForwardRun single(ring::local_rung(t), s.attn, t, in);
+        single.run();
+        const ForwardCheck cs = check_forward(s.attn, t, single.fetch(), ref);
+        expect_no_worse_than(c.o, cs.o, t, "O");
+        EXPECT_LE(c.lse.max_abs, 1e-5) << "lse " << c.lse.str();  // fp32 merges of fp32 lse
+      }
+}
+
+// One rank computes the whole sequence in one call of the local twin (zigzag's two chunks are 0
+// and 1, in order) and merges it into an empty state, which changes no bit: exp(0) = 1, ℓ = 1.
+TEST(RingAttention, OneRankGivesTheLocalTwinsBits) {
+  uint64_t seed = base_seed();
+  for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+    for (bool causal : {false, true})
+      for (DType t : kDtypes) {
+        const RingShape s = ring_shape(4, 2, 96, 64, causal, 1, sh);
+        SCOPED_TRACE(s.str() + " " + dtype_name(t));
+        const Inputs in = make_inputs(s.attn, t, seed++);
+        const RingForward r = ring_forward(s, t, in);
+        ForwardRun single(ring::local_rung(t), s.attn, t, in);
+        single.run();
+        const ForwardOutputs so = single.fetch();
+        EXPECT_EQ(std::memcmp(r.out.o.data(), so.o.data(), so.o.size() * sizeof(float)), 0);
+        EXPECT_EQ(std::memcmp(r.out.lse.data(), so.lse.data(), so.lse.size() * sizeof(float)), 0);
+
+        const BackwardInputs bin = make_backward_inputs(s.attn, t, in, seed++);
+        const RingBackward rb = ring_backward(s, t, in, bin);
+        const BackwardOutputs sb = run_backward(ring::local_rung(t), s.attn, t, in, bin);
+        EXPECT_EQ(rb.grads.dq, sb.dq);
+        EXPECT_EQ(rb.grads.dk, sb.dk);
+        EXPECT_EQ(rb.grads.dv, sb.dv);
+      }
+}
+
+// ---- The backward -----------------------------------------------------------------------------
+
+TEST(RingAttention, BackwardMatchesTheOracleAndTheSingleRankTwin) {
+  uint64_t seed = base_seed();
+  for (const RingShape& s : grid(64))
+    for (DType t : kDtypes) {
+      SCOPED_TRACE(s.str() + " " + dtype_name(t) + " seed=" + std::to_string(seed));
+      const Inputs in = make_inputs(s.attn, t, seed++);
+      const BackwardInputs bin = make_backward_inputs(s.attn, t, in, seed++);
+      const RingBackward r = ring_backward(s, t, in, bin);
+      const ReferenceBackward ref = reference_backward(s.attn, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+      const BackwardCheck c = check_backward(t, r.grads, ref);
+      EXPECT_TRUE(c.pass) << c.str();
+      const BackwardCheck cs = check_backward(t, run_backward(ring::local_rung(t), s.attn, t, in, bin), ref);
+      expect_no_worse_than(c.dq, cs.dq, t, "dQ");
+      expect_no_worse_than(c.dk, cs.dk, t, "dK");
+      expect_no_worse_than(c.dv, cs.dv, t, "dV");
+    }
+}
+
+// ---- What the ring moves ------------------------------------------------------------------------
+
+// Every rank sends and receives exactly the closed form, forward and backward, and so does every
+// step; the dK/dV accumulators' last hop home shows in the backward's last step.
+TEST(RingAttention, BytesSentEqualTheClosedForm) {
+  uint64_t seed = base_seed();
+  for (int64_t P : {1, 2, 3, 4})
+    for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+      for (bool causal : {false, true})
+        for (DType t : {DType::F32, DType::BF16}) {
+          const RingShape s = ring_shape(4, 2, 48, 64, causal, P, sh, 2);
+          SCOPED_TRACE(s.str() + " " + dtype_name(t));
+          const Inputs in = make_inputs(s.attn, t, seed++);
+          const ring::RingIo m = ring::ring_io_model(s, t);
+          EXPECT_EQ(m.kv_shard, 2.0 * 2 * 2 * (48 / P) * 64 * double(dtype_bytes(t)));  // K and V of B·Hkv heads
+          EXPECT_EQ(m.dkv_shard, 2.0 * 2 * 2 * (48 / P) * 64 * 4);
+          const RingStats f = ring_forward(s, t, in).stats;
+          const RingStats b = ring_backward(s, t, in, make_backward_inputs(s.attn, t, in, seed++)).stats;
+          ASSERT_EQ(f.ranks.size(), std::size_t(P));
+          for (const RingStats* st : {&f, &b})
+            for (const ring::RankStats& r : st->ranks) {
+              const double want = st == &f ? m.forward_per_rank : m.backward_per_rank;
+              EXPECT_EQ(double(r.bytes_sent), want);
+              EXPECT_EQ(double(r.bytes_received), want);
+            }
+          for (int64_t step = 0; step < P; ++step) {
+            EXPECT_EQ(double(f.bytes_per_step[std::size_t(step)]), m.forward_step(step, P)) << "step " << step;
+            EXPECT_EQ(double(b.bytes_per_step[std::size_t(step)]), m.backward_step(step, P)) << "step " << step;
+          }
+        }
+  // The forms themselves, at P = 4: three K/V shards forward; three K/V shards and four dK/dV back.
+  const ring::RingIo m = ring::ring_io_model(ring_shape(8, 8, 4096, 128, true, 4, Sharding::Zigzag), DType::BF16);
+  EXPECT_EQ(m.forward_per_rank, 3 * m.kv_shard);
+  EXPECT_EQ(m.backward_per_rank, 3 * m.kv_shard + 4 * m.dkv_shard);
+  EXPECT_EQ(m.dkv_shard, 2 * m.kv_shard);  // fp32 accumulators, twice a bf16 shard
+}
+
+// A rank's device-memory traffic is the local twin's closed form summed over the steps it computes.
+TEST(RingAttention, EachRanksDeviceTrafficIsTheLocalTwinsModelOverItsSteps) {
+  uint64_t seed = base_seed();
+  for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+    for (DType t : {DType::F32, DType::F16}) {
+      const RingShape s = ring_shape(4, 1, 120, 64, true, 3, sh);
+      SCOPED_TRACE(s.str() + " " + dtype_name(t));
+      const Inputs in = make_inputs(s.attn, t, seed++);
+      const RingStats f = ring_forward(s, t, in).stats;
+      const RingStats b = ring_backward(s, t, in, make_backward_inputs(s.attn, t, in, seed++)).stats;
+      const Rung& local = ring::local_rung(t);
+      for (int64_t r = 0; r < s.ranks; ++r) {
+        IoModel fwd, bwd;
+        for (int64_t step = 0; step < s.ranks; ++step) {
+          const ring::StepPlan p = ring::plan_step(s, r, step);
+          if (p.nq == 0) continue;
+          AttentionShape a = s.attn;
+          a.seq_q = p.nq, a.seq_k = p.nk, a.causal = p.causal;
+          const IoModel mf = local.modelled_io(a, t), mb = local.modelled_backward_io(a, t);
+          fwd.read += mf.read, fwd.written += mf.written, bwd.read += mb.read, bwd.written += mb.written;
+        }
+        EXPECT_EQ(double(f.ranks[std::size_t(r)].hbm.read), fwd.read) << "rank " << r;
+        EXPECT_EQ(double(f.ranks[std::size_t(r)].hbm.written), fwd.written) << "rank " << r;
+        EXPECT_EQ(double(b.ranks[std::size_t(r)].hbm.read), bwd.read) << "rank " << r;
+        EXPECT_EQ(double(b.ranks[std::size_t(r)].hbm.written), bwd.written) << "rank " << r;
+      }
+    }
+}
+
+// ---- Balance ------------------------------------------------------------------------------------
+
+// Causal with contiguous shards, rank r sees r full chunk pairs and its diagonal: the last rank
+// does about 2P − 1 times the first's work. Zigzag gives every rank the same pairs and the same
+// (query, key) count. Without a mask every pair is full on every rank.
+TEST(RingAttention, ZigzagBalancesCausalWorkAndContiguousDoesNot) {
+  for (int64_t P : {2, 3, 4}) {
+    for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+      for (bool causal : {false, true}) {
+        const RingShape s = ring_shape(2, 2, 48, 64, causal, P, sh);
+        SCOPED_TRACE(s.str());
+        const Inputs in = make_inputs(s.attn, DType::F32, base_seed());
+        const RingStats st = ring_forward(s, DType::F32, in).stats;
+        const int64_t per_rank = P * s.chunks_per_rank() * s.chunks_per_rank(), c = s.chunk_len();
+        std::vector<int64_t> scores;
+        for (const ring::RankStats& r : st.ranks) {
+          EXPECT_EQ(r.pairs_full + r.pairs_diagonal + r.pairs_skipped, per_rank);
+          scores.push_back(r.scores);
+        }
+        const auto [lo, hi] = std::minmax_element(scores.begin(), scores.end());
+        if (!causal) {
+          for (const ring::RankStats& r : st.ranks) EXPECT_EQ(r.pairs_full, per_rank);
+          EXPECT_EQ(*lo, *hi);
+        } else if (sh == Sharding::Zigzag) {
+          for (const ring::RankStats& r : st.ranks) {  // chunks r and 2P−1−r: 2P−1 full, 2 diagonal
+            EXPECT_EQ(r.pairs_full, 2 * P - 1);
+            EXPECT_EQ(r.pairs_diagonal, 2);
+          }
+          EXPECT_EQ(*lo, *hi);
+        } else {
+          for (int64_t r = 0; r < P; ++r) {
+            EXPECT_EQ(st.ranks[std::size_t(r)].pairs_full, r);
+            EXPECT_EQ(st.ranks[std::size_t(r)].pairs_diagonal, 1);
+            EXPECT_EQ(st.ranks[std::size_t(r)].scores, r * c * c + c * (c + 1) / 2);
+          }
+          EXPECT_GT(*hi, (2 * P - 2) * *lo);  // (2P − 1)c² + c vs c² + c, over 2
+        }
+      }
+  }
+}
+
+// The steps of a zigzag rank past the first each compute half the visiting shard: both Q chunks
+// against the visitor's early chunk (it came from a lower rank), or the late Q chunk against both
+// (from a higher rank). Step 0 is the rank's own shard, causal.
+TEST(RingAttention, ZigzagStepsComputeHalfOfEachVisitingShard) {
+  const RingShape s = ring_shape(1, 1, 64, 64, true, 4, Sharding::Zigzag);
+  const int64_t c = s.chunk_len();
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t step = 0; step < 4; ++step) {
+      const ring::StepPlan p = ring::plan_step(s, r, step);
+      SCOPED_TRACE("rank " + std::to_string(r) + " step " + std::to_string(step));
+      EXPECT_EQ(p.source, (r - step + 4) % 4);
+      if (step == 0) {
+        EXPECT_TRUE(p.causal);
+        EXPECT_EQ(p.nq * p.nk, 4 * c * c);
+      } else if (p.source < r) {
+        EXPECT_EQ(std::vector<int64_t>({p.q0, p.nq, p.k0, p.nk}), std::vector<int64_t>({0, 2 * c, 0, c}));
+      } else {
+        EXPECT_EQ(std::vector<int64_t>({p.q0, p.nq, p.k0, p.nk}), std::vector<int64_t>({c, c, 0, 2 * c}));
+      }
+      EXPECT_FALSE(step > 0 && p.causal);
+    }
+  // Where each local row lives: rank 1 of 4 holds chunks 1 and 6 of 8.
+  EXPECT_EQ(s.global_row(1, 0), c);
+  EXPECT_EQ(s.global_row(1, c), 6 * c);
+}
+
+// ---- Refusals -----------------------------------------------------------------------------------
+
+// A bad call is refused with a message naming the rung, before any output element is written.
+TEST(RingAttention, RefusesBadCallsBeforeAnyWork) {
+  struct Bad {
+    RingShape s;
+    DType t;
+    const char* says;
+  };
+  const std::vector<Bad> bad = {
+      {ring_shape(2, 2, 50, 64, false, 3, Sharding::Contiguous), DType::F32, "multiple of 3"},
+      {ring_shape(2, 2, 50, 64, true, 2, Sharding::Zigzag), DType::F32, "multiple of 4"},
+      {{make_shape(1, 2, 2, 48, 96, 64, false), 2, Sharding::Contiguous}, DType::F32, "seq_q must equal seq_k"},
+      {ring_shape(2, 2, 48, 64, false, 0, Sharding::Contiguous), DType::F32, "at least 1"},
+      {ring_shape(2, 2, 48, 64, false, -2, Sharding::Zigzag), DType::F32, "at least 1"},
+      {ring_shape(3, 2, 48, 64, false, 2, Sharding::Contiguous), DType::F32, "multiple"},  // H % Hkv
+      {ring_shape(2, 2, 48, 32, false, 2, Sharding::Contiguous), DType::BF16, "head_dim"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.s.str());
+    const int64_t n = std::max<int64_t>(1, b.s.attn.q_elems()), nkv = std::max<int64_t>(1, b.s.attn.kv_elems());
+    std::vector<float> q(std::size_t(n), 1.f), k(std::size_t(nkv), 1.f), o(std::size_t(n), kNaN),
+        lse(std::size_t(std::max<int64_t>(1, b.s.attn.lse_elems())), kNaN), dq = o, dk(std::size_t(nkv), kNaN), dv = dk;
+    auto expect_refused = [&](auto&& call) {
+      try {
+        call();
+        ADD_FAILURE() << "not refused";
+      } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("11_ring_attention"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(b.says), std::string::npos) << e.what();
+      }
+    };
+    expect_refused([&] { ring::twin_ring_forward(b.s, b.t, q.data(), k.data(), k.data(), o.data(), lse.data()); });
+    expect_refused([&] {
+      ring::twin_ring_backward(b.s, b.t, q.data(), k.data(), k.data(), q.data(), lse.data(), q.data(), dq.data(),
+                               dk.data(), dv.data());
+    });
+    for (const std::vector<float>* out : {&o, &lse, &dq, &dk, &dv})
+      EXPECT_TRUE(std::all_of(out->begin(), out->end(), [](float x) { return x != x; })) << "an output was written";
+  }
+  // Null pointers, named as such.
+  const RingShape s = ring_shape(2, 2, 48, 64, false, 2, Sharding::Zigzag);
+  std::vector<float> x(std::size_t(s.attn.q_elems()), 1.f), l(std::size_t(s.attn.lse_elems()));
+  EXPECT_THROW(ring::twin_ring_forward(s, DType::F32, x.data(), nullptr, x.data(), x.data(), l.data()), InputError);
+  EXPECT_THROW(ring::twin_ring_backward(s, DType::F32, x.data(), x.data(), x.data(), x.data(), l.data(), x.data(),
+                                        x.data(), x.data(), nullptr),
+               InputError);
+}
+
+}  // namespace
+}  // namespace fl::testing
