@@ -1,0 +1,320 @@
+// ring_probe: the two numbers rung 11's model of the ring needs, measured on the machine it will
+// run on (docs/11_ring_attention.md, "When the ring hides its communication"):
+//   β  the link: every GPU of the process sends `size` bytes to the next and receives as many from
+//      the previous, all in one NCCL group (ncclSend + ncclRecv between ncclGroupStart and
+//      ncclGroupEnd, as the ring issues them), for sizes from 16 MiB to 1 GiB; β = size / time,
+//      each way per GPU;
+//   F  the local kernels: the forward (and backward) rung that a ring step runs, on one GPU, on
+//      one full step's block pair: L = N / P queries against L keys, not causal.
+// Then the hiding lengths of the model, L* = (Hkv / H)·e·F / (2β) for the forward and
+// (Hkv / H)·(e + 4)·F_bwd / (5β) for the backward, and whether the problem asked for hides its
+// transfers. One process drives every visible GPU (ncclCommInitAll); with one GPU only F is
+// measured.
+//
+//   build-hopper/bench/ring_probe --seq 131072 --heads 32 --kv-heads 8 --head-dim 128 --json ring.json
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "device.hpp"
+#include "rung.hpp"
+
+namespace fl {
+namespace {
+
+#define PROBE_CUDA(x) check_cuda((x), #x)
+#define PROBE_NCCL(x) check_nccl((x), #x)
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check_nccl(ncclResult_t e, const char* what) {
+  if (e != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(e));
+}
+
+const char* kUsage = R"(usage: ring_probe [flags]
+
+Measures what rung 11's ring needs to hide its communication: the link (every visible GPU sends to
+the next and receives from the previous in one NCCL group, as the ring does) and the local
+kernels' speed on one step of the problem, then prints the model's hiding lengths.
+
+  --gpus P          GPUs in the ring (default: every visible one)
+  --sizes LIST      MiB per transfer, comma list (default 16,64,256,1024)
+  --reps R          timed exchanges per size, the median kept (default 20)
+  --batch B --heads H --kv-heads Hkv --seq N --head-dim d --dtype fp16|bf16
+                    the whole problem (default 1, 32, 8, 131072, 128, bf16); a step is
+                    L = N / P queries against L keys
+  --fwd-rung NAME   the forward a step runs (default: the first available of
+                    08_hopper_forward/v6_wide_qk, 06_tensor_core_mma/v9_one_sync)
+  --bwd-rung NAME   the backward (default: 09_hopper_backward/v3_dq_writer, then 07_backward_recompute/v4_2d_tiles)
+  --json FILE       also write the measurements as JSON
+  --help            this text
+)";
+
+struct Options {
+  int gpus = 0;
+  std::vector<int64_t> sizes_mib = {16, 64, 256, 1024};
+  int reps = 20;
+  AttentionShape shape{1, 32, 8, 131072, 131072, 128, false, 0.0};
+  DType dtype = DType::BF16;
+  std::string fwd_rung, bwd_rung, json;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw InputError(f + " needs a value");
+      return argv[++i];
+    };
+    auto integer = [&](int64_t min) {
+      int64_t x = 0;
+      const std::string v = next();
+      if (!bench::parse_int(v, &x) || x < min)
+        throw InputError(f + " expects an integer of at least " + std::to_string(min) + ", got '" + v + "'");
+      return x;
+    };
+    if (f == "--help") {
+      std::cout << kUsage;
+      std::exit(0);
+    } else if (f == "--gpus") o.gpus = int(integer(1));
+    else if (f == "--reps") o.reps = int(integer(1));
+    else if (f == "--sizes") {
+      o.sizes_mib.clear();
+      for (const std::string& s : bench::split_commas(next())) {
+        int64_t x = 0;
+        if (!bench::parse_int(s, &x) || x < 1) throw InputError("--sizes: '" + s + "' is not a size in MiB");
+        o.sizes_mib.push_back(x);
+      }
+    } else if (f == "--batch") o.shape.batch = integer(1);
+    else if (f == "--heads") o.shape.heads = integer(1);
+    else if (f == "--kv-heads") o.shape.kv_heads = integer(1);
+    else if (f == "--seq") o.shape.seq_q = o.shape.seq_k = integer(1);
+    else if (f == "--head-dim") o.shape.head_dim = integer(1);
+    else if (f == "--dtype") o.dtype = parse_dtype(next());
+    else if (f == "--fwd-rung") o.fwd_rung = next();
+    else if (f == "--bwd-rung") o.bwd_rung = next();
+    else if (f == "--json") o.json = next();
+    else throw InputError("unknown flag '" + f + "' (ring_probe --help lists them)");
+  }
+  o.shape.validate();
+  if (o.dtype != DType::F16 && o.dtype != DType::BF16) throw InputError("--dtype: fp16 or bf16");
+  return o;
+}
+
+// The first rung of `names` this build has and this GPU runs (or `given`, which must be usable).
+const Rung* pick(const std::string& given, std::vector<std::string> names) {
+  if (!given.empty()) names = {given};
+  for (const std::string& n : names) {
+    const Rung* r = Registry::instance().find(n, Backend::Cuda);
+    if (r && r->unavailable().empty()) return r;
+    if (!given.empty())
+      throw InputError("rung " + n + " is " + (r ? "unavailable here: " + r->unavailable() : "not in this build"));
+  }
+  return nullptr;
+}
+
+// A device buffer of `bytes` holding small random 16-bit values (a 1 MiB random block, repeated).
+gpu::DeviceBuffer random_buffer(std::size_t bytes, DType t, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> block(1 << 19);
+  for (float& x : block) x = normal(rng);
+  const std::vector<unsigned char> one = to_storage(block, t);
+  gpu::DeviceBuffer d(bytes);
+  for (std::size_t at = 0; at < bytes; at += one.size())
+    PROBE_CUDA(cudaMemcpy(static_cast<char*>(d.get()) + at, one.data(), std::min(one.size(), bytes - at),
+                          cudaMemcpyHostToDevice));
+  return d;
+}
+
+struct Rate {
+  std::string rung;
+  double ms = NAN, tflops = NAN;
+};
+
+// F of one step's block pair: L queries against L keys, not causal, on GPU 0.
+std::pair<Rate, Rate> local_rates(const Options& o, const AttentionShape& step) {
+  PROBE_CUDA(cudaSetDevice(0));
+  const Rung* fwd = pick(o.fwd_rung, {"08_hopper_forward/v6_wide_qk", "06_tensor_core_mma/v9_one_sync"});
+  const Rung* bwd = pick(o.bwd_rung, {"09_hopper_backward/v3_dq_writer", "07_backward_recompute/v4_2d_tiles"});
+  if (!fwd) throw InputError("no forward rung of this build runs on this GPU");
+  const std::size_t e = dtype_bytes(o.dtype);
+  const std::size_t qb = std::size_t(step.batch * step.heads * step.seq_q * step.head_dim) * e;
+  const std::size_t kb = std::size_t(step.batch * step.kv_heads * step.seq_k * step.head_dim) * e;
+  gpu::require_memory(4 * qb + 4 * kb, "the local step of " + step.str());
+  gpu::DeviceBuffer q = random_buffer(qb, o.dtype, 1), k = random_buffer(kb, o.dtype, 2),
+                    v = random_buffer(kb, o.dtype, 3), out(qb), lse(std::size_t(step.batch * step.heads * step.seq_q) * 4);
+  gpu::DeviceBuffer fws(std::max<std::size_t>(16, fwd->workspace_bytes(step, o.dtype)));
+  ForwardArgs fa;
+  fa.q = q.get(), fa.k = k.get(), fa.v = v.get(), fa.o = out.get(), fa.lse = static_cast<float*>(lse.get());
+  fa.workspace = fws.get();
+  fwd->check(step, o.dtype, fa);
+  std::pair<Rate, Rate> r;
+  r.first.rung = fwd->name();
+  r.first.ms = gpu::time_ms([&] { fwd->forward(step, o.dtype, fa); }, 3, 10, [] { gpu::flush_l2(); });
+  r.first.tflops = step.flops_forward() / (r.first.ms * 1e-3) / 1e12;
+  if (bwd) {
+    gpu::DeviceBuffer dout = random_buffer(qb, o.dtype, 4), dq(qb), dk(kb), dv(kb);
+    gpu::DeviceBuffer bws(std::max<std::size_t>(16, bwd->backward_workspace_bytes(step, o.dtype)));
+    fwd->forward(step, o.dtype, fa);  // O and lse for the backward
+    BackwardArgs ba;
+    ba.q = q.get(), ba.k = k.get(), ba.v = v.get(), ba.o = out.get(), ba.lse = static_cast<const float*>(lse.get());
+    ba.dout = dout.get(), ba.dq = dq.get(), ba.dk = dk.get(), ba.dv = dv.get(), ba.workspace = bws.get();
+    r.second.rung = bwd->name();
+    r.second.ms = gpu::time_ms([&] { bwd->backward(step, o.dtype, ba); }, 3, 10, [] { gpu::flush_l2(); });
+    r.second.tflops = 2.5 * step.flops_forward() / (r.second.ms * 1e-3) / 1e12;
+  }
+  return r;
+}
+
+struct Link {
+  int64_t bytes = 0;
+  double ms = NAN, gbs = NAN;  // per exchange; GB/s each way per GPU
+};
+
+// Every GPU sends `bytes` to the next and receives from the previous, in one group; median of reps.
+std::vector<Link> link_rates(const Options& o, int p) {
+  const std::size_t n = static_cast<std::size_t>(p);
+  std::vector<int> devs(n);
+  for (int i = 0; i < p; ++i) devs[std::size_t(i)] = i;
+  std::vector<ncclComm_t> comms(n);
+  PROBE_NCCL(ncclCommInitAll(comms.data(), p, devs.data()));
+  std::vector<cudaStream_t> streams(n);
+  const int64_t most = *std::max_element(o.sizes_mib.begin(), o.sizes_mib.end()) << 20;
+  std::vector<void*> send(n), recv(n);
+  for (int i = 0; i < p; ++i) {
+    PROBE_CUDA(cudaSetDevice(i));
+    PROBE_CUDA(cudaStreamCreateWithFlags(&streams[std::size_t(i)], cudaStreamNonBlocking));
+    PROBE_CUDA(cudaMalloc(&send[std::size_t(i)], std::size_t(most)));
+    PROBE_CUDA(cudaMalloc(&recv[std::size_t(i)], std::size_t(most)));
+    PROBE_CUDA(cudaMemset(send[std::size_t(i)], i + 1, std::size_t(most)));
+  }
+  auto exchange = [&](int64_t bytes) {
+    PROBE_NCCL(ncclGroupStart());
+    for (int i = 0; i < p; ++i) {
+      PROBE_NCCL(ncclSend(send[std::size_t(i)], std::size_t(bytes), ncclChar, (i + 1) % p, comms[std::size_t(i)],
+                          streams[std::size_t(i)]));
+      PROBE_NCCL(ncclRecv(recv[std::size_t(i)], std::size_t(bytes), ncclChar, (i + p - 1) % p, comms[std::size_t(i)],
+                          streams[std::size_t(i)]));
+    }
+    PROBE_NCCL(ncclGroupEnd());
+    for (int i = 0; i < p; ++i) {
+      PROBE_CUDA(cudaSetDevice(i));
+      PROBE_CUDA(cudaStreamSynchronize(streams[std::size_t(i)]));
+    }
+  };
+  std::vector<Link> out;
+  for (int64_t mib : o.sizes_mib) {
+    const int64_t bytes = mib << 20;
+    for (int w = 0; w < 3; ++w) exchange(bytes);
+    std::vector<double> ms;
+    for (int r = 0; r < o.reps; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      exchange(bytes);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
+    Link l;
+    l.bytes = bytes;
+    l.ms = ms[ms.size() / 2];
+    l.gbs = double(bytes) / (l.ms * 1e-3) / 1e9;
+    out.push_back(l);
+    std::cerr << "  link " << mib << " MiB: " << l.gbs << " GB/s each way\n";
+  }
+  for (int i = 0; i < p; ++i) {
+    PROBE_CUDA(cudaSetDevice(i));
+    cudaFree(send[std::size_t(i)]);
+    cudaFree(recv[std::size_t(i)]);
+    cudaStreamDestroy(streams[std::size_t(i)]);
+    ncclCommDestroy(comms[std::size_t(i)]);
+  }
+  return out;
+}
+
+int probe_main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  std::string why;
+  if (!gpu::available(&why)) throw std::runtime_error("no GPU: " + why);
+  int visible = 0;
+  PROBE_CUDA(cudaGetDeviceCount(&visible));
+  const int p = o.gpus ? o.gpus : visible;
+  if (p > visible) throw InputError("--gpus " + std::to_string(p) + ": only " + std::to_string(visible) + " visible");
+  if (o.shape.seq_q % p) throw InputError("--seq must be a multiple of the GPUs in the ring");
+  AttentionShape step = o.shape;
+  step.seq_q = step.seq_k = o.shape.seq_q / p;
+  std::cout << "ring_probe: " << p << " GPU(s) (" << gpu::device_name() << "), whole problem " << o.shape.str()
+            << " " << dtype_name(o.dtype) << ", a step " << step.str() << '\n';
+  const auto [fwd, bwd] = local_rates(o, step);
+  std::cout << "F: " << fwd.rung << " " << fwd.ms << " ms a step (" << fwd.tflops << " TFLOP/s)";
+  if (!bwd.rung.empty()) std::cout << "; F_bwd: " << bwd.rung << " " << bwd.ms << " ms (" << bwd.tflops << " TFLOP/s)";
+  std::cout << '\n';
+  std::vector<Link> links;
+  if (p >= 2) links = link_rates(o, p);
+  else std::cout << "one GPU: no link to measure (--gpus 2 on a machine with two)\n";
+
+  const double e = double(dtype_bytes(o.dtype)), g = double(o.shape.kv_heads) / double(o.shape.heads);
+  const double L = double(step.seq_q), kv = 2.0 * double(step.batch * step.kv_heads) * L * double(step.head_dim) * e;
+  const double dkv = kv / e * 4;
+  std::ofstream json;
+  if (!o.json.empty()) {
+    json.open(o.json);
+    if (!json) throw InputError("--json: cannot write '" + o.json + "'");
+    json << "{\"gpus\": " << p << ", \"device\": \"" << gpu::device_name() << "\", \"date\": \"" << bench::today_utc()
+         << "\", \"shape\": \"" << o.shape.str() << "\", \"dtype\": \"" << dtype_name(o.dtype) << "\", \"step_len\": " << L
+         << ", \"fwd\": {\"rung\": \"" << fwd.rung << "\", \"ms\": " << fwd.ms << ", \"tflops\": " << fwd.tflops
+         << "}, \"bwd\": {\"rung\": \"" << bwd.rung << "\", \"ms\": " << (bwd.rung.empty() ? 0 : bwd.ms)
+         << ", \"tflops\": " << (bwd.rung.empty() ? 0 : bwd.tflops) << "}, \"links\": [";
+  }
+  for (std::size_t i = 0; i < links.size(); ++i) {
+    const Link& l = links[i];
+    const double beta = l.gbs * 1e9, F = fwd.tflops * 1e12;
+    const double lstar = g * e * F / (2 * beta);
+    const double fwd_transfer_ms = kv / beta * 1e3;
+    std::cout << "link " << (l.bytes >> 20) << " MiB: " << l.gbs << " GB/s each way; forward L* = " << lstar
+              << " (causal zigzag " << 2 * lstar << "); this step: compute " << fwd.ms << " ms, K/V transfer "
+              << fwd_transfer_ms << " ms";
+    double bstar = NAN, bwd_transfer_ms = NAN;
+    if (!bwd.rung.empty()) {
+      bstar = g * (e + 4) * bwd.tflops * 1e12 / (5 * beta);
+      bwd_transfer_ms = (kv + dkv) / beta * 1e3;
+      std::cout << "; backward L* = " << bstar << ", compute " << bwd.ms << " ms, K/V + dK/dV transfer "
+                << bwd_transfer_ms << " ms";
+    }
+    std::cout << (L >= lstar ? "  (the forward hides)" : "  (the forward cannot hide)") << '\n';
+    if (json.is_open())
+      json << (i ? ", " : "") << "{\"bytes\": " << l.bytes << ", \"ms\": " << l.ms << ", \"GBps\": " << l.gbs
+           << ", \"fwd_lstar\": " << lstar << ", \"bwd_lstar\": " << (std::isnan(bstar) ? 0 : bstar)
+           << ", \"fwd_transfer_ms\": " << fwd_transfer_ms << "}";
+  }
+  if (json.is_open()) {
+    json << "]}\n";
+    std::cout << "wrote " << o.json << '\n';
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace fl
+
+int main(int argc, char** argv) {
+  try {
+    return fl::probe_main(argc, argv);
+  } catch (const fl::InputError& e) {
+    std::cerr << "ring_probe: " << e.what() << '\n';
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "ring_probe: " << e.what() << '\n';
+    return 1;
+  }
+}
