@@ -338,7 +338,7 @@ TEST(Decoding, SplitsFillTheGpuAndNoMore) {
   s.capacity = 131072;
   s.batch = 1;  // 8 blocks for 132 SMs: 33 pieces each
   EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 33);
-  s.batch = 16;  // 128 blocks: about one an SM already; two pieces
+  s.batch = 16;  // 128 blocks, fewer than the SMs: three pieces (⌈264 / 128⌉)
   EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 3);
   s.batch = 64;  // 512 blocks: no split
   EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 1);

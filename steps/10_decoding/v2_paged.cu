@@ -23,7 +23,7 @@ namespace {
 using namespace fl::mma;  // pack, mma_16816, ldmatrix_x4(_trans), cp_async_*, fast_exp2, LaneRow, TileCopy
 
 // Blocks of 64 keys in the pipeline, S: 3 at d = 128 (100 KiB of shared memory with Q's tile, two
-// blocks an SM on an A100 or H100) and 4 at d = 64 (66 KiB). GPUs that give a block less than
+// blocks an SM on an H100, one on an A100) and 4 at d = 64 (66 KiB). GPUs that give a block less than
 // 100 KiB (sm_86, sm_89) run d = 128 with 2.
 template <int D>
 inline constexpr int kStages = D == 128 ? 3 : 4;
