@@ -6,6 +6,7 @@
 //   build/bench/ladder --list                       what each rung teaches
 //   build/bench/ladder --decode --seq-k 32768 --heads 32 --kv-heads 8 --batch 16 --page-size 16
 //                                                   rung 10: decoding against a KV cache
+//   build/bench/ladder --ring 4 --sharding zigzag --causal --seq 256   rung 11's ring, simulated
 //
 // One row per rung and device: the median time, TFLOP/s by the convention of shared/anchors.md
 // (4·B·H·Nq·Nk·d, halved when causal), the speed-up over the rung above it on the same device, the
@@ -54,6 +55,7 @@
 #include "host_memory.hpp"
 #include "reference.hpp"
 #include "../steps/10_decoding/decoding.hpp"
+#include "../steps/11_ring_attention/ring_attention.hpp"
 
 namespace fl {
 namespace {
@@ -101,6 +103,9 @@ struct Options {
   bool decode = false, dtype_given = false;
   int64_t page_size = 0;  // --page-size: 0 for a contiguous cache
   int64_t splits = 0;     // --splits: 0 lets the rung choose
+  // --ring P: rung 11's twin, the problem's sequence over P simulated GPUs
+  int64_t ring = 0;
+  ring::Sharding sharding = ring::Sharding::Zigzag;
 
   AttentionShape shape() const {
     AttentionShape s;
@@ -179,6 +184,12 @@ Decoding (rung 10: one to sixteen new rows per sequence against a KV cache):
   --page-size P        a paged KV cache, P keys a page (a multiple of 16; default 0: contiguous)
   --splits S           pieces each sequence's keys are cut into, 1..64 (default: the rung chooses)
 
+Ring attention (rung 11: one sequence over P GPUs, simulated on the CPU):
+  --ring P             run rung 11's twin on the problem (Nq = Nk = --seq) over P simulated ranks:
+                       forward and backward checked against the fp64 oracle, and per rank the
+                       chunks it holds, the work it did and the bytes it sent beside the closed form
+  --sharding S         zigzag | contiguous (default zigzag: balanced causal work)
+
   --help               this text
 
 Flags take their value as the next argument or after '=': --seq 1024, --seq=1024.
@@ -235,6 +246,13 @@ Options parse_args(int argc, char** argv) {
     else if (flag == "--decode") o.decode = switch_flag();
     else if (flag == "--page-size") o.page_size = integer(0);
     else if (flag == "--splits") o.splits = integer(1, decoding::kMaxSplits);
+    else if (flag == "--ring") o.ring = integer(1, 4096);
+    else if (flag == "--sharding") {
+      const std::string v = next();
+      if (v == "zigzag") o.sharding = ring::Sharding::Zigzag;
+      else if (v == "contiguous") o.sharding = ring::Sharding::Contiguous;
+      else throw UsageError("--sharding: unknown '" + v + "'; allowed are zigzag, contiguous");
+    }
     else if (flag == "--no-backward") o.backward = !switch_flag();
     else if (flag == "--deterministic") o.deterministic = switch_flag();
     else if (flag == "--causal") o.causal = switch_flag();
@@ -279,7 +297,7 @@ Options parse_args(int argc, char** argv) {
       throw UsageError("unknown flag '" + flag + "'; the flags are --rungs --device --batch --heads "
                        "--kv-heads --seq --seq-q --seq-k --head-dim --causal --scale --dtype --seed "
                        "--inputs --warmup --reps --verify-rows --no-backward --deterministic --json --list --decode "
-                       "--page-size --splits --help");
+                       "--page-size --splits --ring --sharding --help");
   }
   return o;
 }
@@ -1059,6 +1077,63 @@ int decode_main(const Options& opt) {
   return failed ? 1 : 0;
 }
 
+// ---- --ring: rung 11 -----------------------------------------------------------------------------
+
+int ring_main(const Options& opt) {
+  if (!opt.json.empty() || opt.rungs != "all" || opt.deterministic || opt.verify_rows != 0 || opt.device == "cuda" ||
+      opt.page_size || opt.splits)
+    throw UsageError("--ring runs rung 11's CPU twin: it takes the shape flags, --dtype, --seed, --inputs and "
+                     "--sharding; --json, --rungs, --verify-rows, --deterministic, --device cuda, --page-size and "
+                     "--splits are for the other rungs");
+  ring::RingShape s{opt.shape(), opt.ring, opt.sharding};
+  s.validate();
+  const DType t = opt.dtype;
+  const double n = double(s.attn.batch) * double(s.attn.heads) * double(s.seq()) * double(s.seq()) * double(s.attn.head_dim);
+  if (n > kTwinBackwardLimit * 4)
+    throw InputError("--ring: the twin and the oracle hold N x N scores; B·H·N²·d = " + fmt("%.3g", n) +
+                     " is past " + fmt("%.3g", kTwinBackwardLimit * 4) + " (a smaller --seq, --heads or --batch)");
+  std::cout << "Flash Ladder, rung 11 (ring attention, simulated): " << s.str() << ", " << dtype_name(t) << ", inputs "
+            << input_kind_name(opt.inputs) << ", seed " << opt.seed << "; each step runs "
+            << ring::local_rung(t).name() << "'s twin\n";
+  const Inputs in = make_inputs(s.attn, t, opt.seed, opt.inputs);
+  std::cerr << "the ring's forward...\n";
+  const ring::RingForwardRun f = ring::run_ring_forward(s, t, in);
+  const ForwardCheck fc =
+      check_forward(s.attn, t, f.out, reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data()));
+  std::cerr << "the ring's backward...\n";
+  const BackwardInputs bin = make_backward_inputs(s.attn, t, in, opt.seed + 1);
+  const ring::RingBackwardRun b = ring::run_ring_backward(s, t, in, bin);
+  const BackwardCheck bc =
+      check_backward(t, b.grads, reference_backward(s.attn, in.q.data(), in.k.data(), in.v.data(), bin.dout.data()));
+  const ring::RingIo m = ring::ring_io_model(s, t);
+
+  Table tab({"rank", "chunks", "pairs full", "diagonal", "skipped", "scores", "fwd sent", "bwd sent"},
+            {true, false, true, true, true, true, true, true});
+  for (int64_t r = 0; r < s.ranks; ++r) {
+    std::string chunks;
+    for (int64_t c : s.chunks_of(r)) chunks += (chunks.empty() ? "" : ",") + std::to_string(c);
+    const ring::RankStats& fr = f.stats.ranks[std::size_t(r)];
+    const ring::RankStats& br = b.stats.ranks[std::size_t(r)];
+    tab.add({std::to_string(r), chunks, std::to_string(fr.pairs_full), std::to_string(fr.pairs_diagonal),
+             std::to_string(fr.pairs_skipped), std::to_string(fr.scores), describe_bytes(double(fr.bytes_sent)),
+             describe_bytes(double(br.bytes_sent))});
+  }
+  std::cout << '\n';
+  tab.print(std::cout);
+  std::cout << "\nclosed form per rank: forward " << describe_bytes(m.forward_per_rank) << ", backward "
+            << describe_bytes(m.backward_per_rank) << " (a K/V shard is " << describe_bytes(m.kv_shard)
+            << ", a dK/dV accumulator " << describe_bytes(m.dkv_shard) << ")\n"
+            << "scores: the (query, key) pairs a rank's rows see, per head: the work the sharding balances\n\n"
+            << "forward:  " << fc.str() << '\n'
+            << "backward: " << bc.str() << '\n';
+  bool io_ok = true;
+  for (int64_t r = 0; r < s.ranks; ++r)
+    io_ok = io_ok && double(f.stats.ranks[std::size_t(r)].bytes_sent) == m.forward_per_rank &&
+            double(b.stats.ranks[std::size_t(r)].bytes_sent) == m.backward_per_rank;
+  std::cout << "bytes sent: " << (io_ok ? "every rank's equal the closed form" : "DIFFER from the closed form") << '\n';
+  return fc.pass && bc.pass && io_ok ? 0 : 1;
+}
+
 // ---- main ----------------------------------------------------------------------------------------
 int ladder_main(int argc, char** argv) {
   const Options opt = parse_args(argc, argv);
@@ -1070,7 +1145,9 @@ int ladder_main(int argc, char** argv) {
     list_rungs(std::cout);
     return 0;
   }
+  if (opt.decode && opt.ring) throw UsageError("--decode and --ring are two different problems: give one");
   if (opt.decode) return decode_main(opt);
+  if (opt.ring) return ring_main(opt);
   if (opt.page_size || opt.splits) throw UsageError("--page-size and --splits go with --decode");
 
   Problem p;

@@ -33,37 +33,10 @@ RingShape ring_shape(int64_t heads, int64_t kv_heads, int64_t n, int64_t d, bool
   return {make_shape(batch, heads, kv_heads, n, n, d, causal), ranks, sh};
 }
 
-// The ring's outputs in fp32, every element exact in the dtype, and its account.
-struct RingForward {
-  ForwardOutputs out;
-  std::vector<unsigned char> o;  // O as stored, for bitwise comparisons
-  RingStats stats;
-};
-RingForward ring_forward(const RingShape& s, DType t, const Inputs& in) {
-  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
-  RingForward r;
-  r.o = to_storage(std::vector<float>(in.q.size(), kNaN), t);  // poisoned
-  r.out.lse.assign(std::size_t(s.attn.lse_elems()), kNaN);
-  ring::twin_ring_forward(s, t, q.data(), k.data(), v.data(), r.o.data(), r.out.lse.data(), &r.stats);
-  r.out.o = from_storage(r.o, t);
-  return r;
-}
-
-struct RingBackward {
-  BackwardOutputs grads;
-  RingStats stats;
-};
-RingBackward ring_backward(const RingShape& s, DType t, const Inputs& in, const BackwardInputs& bin) {
-  auto st = [t](const std::vector<float>& x) { return to_storage(x, t); };
-  const std::vector<unsigned char> q = st(in.q), k = st(in.k), v = st(in.v), o = st(bin.o), dout = st(bin.dout);
-  std::vector<unsigned char> dq = st(std::vector<float>(in.q.size(), kNaN)), dk = st(std::vector<float>(in.k.size(), kNaN)),
-                             dv = dk;  // poisoned
-  RingBackward r;
-  ring::twin_ring_backward(s, t, q.data(), k.data(), v.data(), o.data(), bin.lse.data(), dout.data(), dq.data(),
-                           dk.data(), dv.data(), &r.stats);
-  r.grads = {from_storage(dq, t), from_storage(dk, t), from_storage(dv, t)};
-  return r;
-}
+using RingForward = ring::RingForwardRun;
+using RingBackward = ring::RingBackwardRun;
+constexpr auto ring_forward = ring::run_ring_forward;
+constexpr auto ring_backward = ring::run_ring_backward;
 
 // The grid: P 1..4, both shardings, causal and not, GQA 1:1 and 4:1, N = 48 (a multiple of 2P
 // for every P here) and N = 120 at P = 3 (chunks of 20 and 40 keys: not a multiple of any block).

@@ -393,4 +393,28 @@ void twin_ring_backward(const RingShape& s, DType t, const void* q, const void* 
   if (stats) *stats = std::move(st);
 }
 
+RingForwardRun run_ring_forward(const RingShape& s, DType t, const Inputs& in) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+  RingForwardRun r;
+  r.o = to_storage(std::vector<float>(in.q.size(), nan), t);
+  r.out.lse.assign(std::size_t(s.attn.lse_elems()), nan);
+  twin_ring_forward(s, t, q.data(), k.data(), v.data(), r.o.data(), r.out.lse.data(), &r.stats);
+  r.out.o = from_storage(r.o, t);
+  return r;
+}
+
+RingBackwardRun run_ring_backward(const RingShape& s, DType t, const Inputs& in, const BackwardInputs& bin) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto st = [t](const std::vector<float>& x) { return to_storage(x, t); };
+  const std::vector<unsigned char> q = st(in.q), k = st(in.k), v = st(in.v), o = st(bin.o), dout = st(bin.dout);
+  std::vector<unsigned char> dq = st(std::vector<float>(in.q.size(), nan)), dk = st(std::vector<float>(in.k.size(), nan)),
+                             dv = dk;
+  RingBackwardRun r;
+  twin_ring_backward(s, t, q.data(), k.data(), v.data(), o.data(), bin.lse.data(), dout.data(), dq.data(), dk.data(),
+                     dv.data(), &r.stats);
+  r.grads = {from_storage(dq, t), from_storage(dk, t), from_storage(dv, t)};
+  return r;
+}
+
 }  // namespace fl::ring

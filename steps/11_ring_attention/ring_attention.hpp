@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "harness.hpp"
 #include "io_model.hpp"
 #include "rung.hpp"
 
@@ -133,5 +134,20 @@ void twin_ring_backward(const RingShape& s, DType t, const void* q, const void* 
                         void* dk,           // [B, Hkv, N, d]
                         void* dv,           // [B, Hkv, N, d]
                         RingStats* stats = nullptr);
+
+// The same two calls on fp32 arrays whose values are exact in the dtype (harness.hpp's Inputs and
+// BackwardInputs): stored in the dtype, run with every output poisoned (NaN) first, read back.
+// What the tests and `ladder --ring` call.
+struct RingForwardRun {
+  ForwardOutputs out;               // O and lse in fp32
+  std::vector<unsigned char> o;     // O as stored, for bitwise comparisons
+  RingStats stats;
+};
+RingForwardRun run_ring_forward(const RingShape& s, DType t, const Inputs& in);
+struct RingBackwardRun {
+  BackwardOutputs grads;
+  RingStats stats;
+};
+RingBackwardRun run_ring_backward(const RingShape& s, DType t, const Inputs& in, const BackwardInputs& bin);
 
 }  // namespace fl::ring
