@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "../steps/11_ring_attention/ring_attention.hpp"
+#include "../steps/11_ring_attention/ring_gpu.hpp"
+#include "device.hpp"
 #include "compare.hpp"
 #include "harness.hpp"
 #include "reference.hpp"
@@ -310,6 +312,46 @@ TEST(RingAttention, RefusesBadCallsBeforeAnyWork) {
   EXPECT_THROW(ring::twin_ring_backward(s, DType::F32, x.data(), x.data(), x.data(), x.data(), l.data(), x.data(),
                                         x.data(), x.data(), nullptr),
                InputError);
+}
+
+// ---- On the GPU: v1_ring, every rank on one GPU ------------------------------------------------
+
+// The ring of ranks on one GPU, each step the GPU's fastest forward: against the oracle, and no
+// worse than twice the twin ring's error on the same inputs (the rule a GPU rung meets against its
+// twin). N = 480 gives chunks of 240, 120, 80 and 60 keys: not multiples of the kernels' blocks.
+TEST(RingAttentionGpu, OneGpuRingMatchesTheOracleAndTheTwin) {
+  if (!gpu::available()) GTEST_SKIP() << skip_reason(Backend::Cuda);
+  uint64_t seed = base_seed() + 700;
+  for (DType t : {DType::F16, DType::BF16})
+    for (int64_t P : {1, 2, 3, 4})
+      for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+        for (bool causal : {false, true})
+          for (int64_t d : {64, 128}) {
+            if (t == DType::F16 && d == 128) continue;
+            const RingShape s = ring_shape(4, 1, 480, d, causal, P, sh, 2);
+            SCOPED_TRACE(s.str() + " " + dtype_name(t) + " seed=" + std::to_string(seed) + " local " +
+                         ring::gpu_local_rung(t).name());
+            const Inputs in = make_inputs(s.attn, t, seed++);
+            const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+            gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()),
+                dlse(std::size_t(s.attn.lse_elems()) * sizeof(float));
+            dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+            dout.poison(), dlse.poison();
+            ring::gpu_ring_forward_local(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
+                                         nullptr);
+            std::vector<unsigned char> o(q.size());
+            ForwardOutputs out;
+            out.lse.resize(std::size_t(s.attn.lse_elems()));
+            dout.download(o.data(), o.size());
+            dlse.download(out.lse.data(), out.lse.size() * sizeof(float));
+            out.o = from_storage(o, t);
+            const ReferenceForward ref = reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data());
+            const ForwardCheck c = check_forward(s.attn, t, out, ref);
+            EXPECT_TRUE(c.pass) << c.str();
+            const ForwardCheck twin = check_forward(s.attn, t, ring_forward(s, t, in).out, ref);
+            expect_no_worse_than(c.o, twin.o, t, "O");
+            EXPECT_LE(c.lse.max_abs, 1e-3) << "lse " << c.lse.str();
+          }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // in the backward dK/dV) around a ring; every byte sent counted. A step's attention is a
 // registered twin of the ladder (local_rung), on a sub-problem cut out of the rank's buffers.
 #include "ring_attention.hpp"
+#include "ring_gpu.hpp"
 
 #include <Eigen/Core>
 #include <algorithm>
@@ -416,5 +417,12 @@ RingBackwardRun run_ring_backward(const RingShape& s, DType t, const Inputs& in,
   r.grads = {from_storage(dq, t), from_storage(dk, t), from_storage(dv, t)};
   return r;
 }
+
+#if !FLASH_LADDER_HAS_CUDA
+const Rung& gpu_local_rung(DType) { throw bad("this build has no CUDA: the ring runs on the GPU only with it"); }
+void gpu_ring_forward_local(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*) {
+  throw bad("this build has no CUDA: twin_ring_forward runs the ring on the CPU");
+}
+#endif
 
 }  // namespace fl::ring

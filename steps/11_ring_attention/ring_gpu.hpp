@@ -1,0 +1,27 @@
+// Rung 11 on the GPU: the ring's forward with the ladder's fastest forward kernel as each step's
+// attention. v1_ring.cu runs all P ranks on the current GPU, in the twin's order (every rank's
+// step, then every transfer), with the ring's transfers as device-to-device copies: the ring's
+// logic (shards, step plans, merges) on real kernels, testable on one GPU. The NCCL driver, one
+// rank per GPU and process with the transfers overlapped, is the next version.
+#pragma once
+
+#include <string>
+
+#include "ring_attention.hpp"
+
+namespace fl::ring {
+
+// The forward rung a step runs on this GPU: 08_hopper_forward/v6_wide_qk where the GPU runs it,
+// else 06_tensor_core_mma/v9_one_sync; fp16 and bf16. Throws InputError when there is none.
+const Rung& gpu_local_rung(DType t);
+
+// O [B, H, N, d] and lse [B, H, N] of the whole problem, through the ring of s.ranks ranks all on
+// the current GPU: q, k, v, o, lse are DEVICE pointers of the whole problem; the work goes on
+// `stream`, and the call returns when it is done (the ranks' buffers are its own). Each rank's shards are copied out, the ring runs step by step
+// (its K/V shards passed on by device copies), and the ranks' rows are copied back: what the
+// ranks of the NCCL version hold and compute, on one GPU. Refuses what the twin refuses, and what
+// the local rung does not run, before any work. Throws without CUDA.
+void gpu_ring_forward_local(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o,
+                            float* lse, void* stream);
+
+}  // namespace fl::ring
