@@ -8,14 +8,21 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../steps/11_ring_attention/ring_attention.hpp"
 #include "../steps/11_ring_attention/ring_gpu.hpp"
 #include "device.hpp"
+
+#if FLASH_LADDER_HAS_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
 #include "compare.hpp"
 #include "harness.hpp"
 #include "reference.hpp"
@@ -352,6 +359,144 @@ TEST(RingAttentionGpu, OneGpuRingMatchesTheOracleAndTheTwin) {
             expect_no_worse_than(c.o, twin.o, t, "O");
             EXPECT_LE(c.lse.max_abs, 1e-3) << "lse " << c.lse.str();
           }
+}
+
+// ---- Across GPUs: v2_nccl, one rank a GPU ------------------------------------------------------
+
+#if FLASH_LADDER_HAS_NCCL
+// Runs `body(rank, comm)` on every GPU at once, one thread a rank, with a communicator of them all;
+// returns each rank's error message ("" when it returned).
+std::vector<std::string> on_every_gpu(int P, const std::function<void(int, ncclComm_t)>& body) {
+  ncclUniqueId id;
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<std::string> errors(static_cast<std::size_t>(P));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        if (cudaSetDevice(r) != cudaSuccess) throw std::runtime_error("cudaSetDevice failed");
+        ncclComm_t comm = nullptr;
+        if (ncclCommInitRank(&comm, P, id, r) != ncclSuccess) throw std::runtime_error("ncclCommInitRank failed");
+        try {
+          body(r, comm);
+        } catch (...) {
+          ncclCommDestroy(comm);
+          throw;
+        }
+        ncclCommDestroy(comm);
+      } catch (const std::exception& e) {
+        errors[std::size_t(r)] = e.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  return errors;
+}
+
+int gpu_count() {
+  int n = 0;
+  return gpu::available() && cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+}
+#endif
+
+// Two GPUs, each a rank with its shards: the same bits as the one-GPU ring (the same kernels on
+// the same rows in the same order), and within the tolerance of the oracle.
+TEST(RingAttentionNccl, TwoGpusGiveTheOneGpuRingsBits) {
+#if !FLASH_LADDER_HAS_NCCL
+  GTEST_SKIP() << "this build has no NCCL";
+#else
+  if (gpu_count() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << gpu_count();
+  const int P = 2;
+  uint64_t seed = base_seed() + 900;
+  for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+    for (bool causal : {false, true}) {
+      const DType t = DType::BF16;
+      const RingShape s = ring_shape(8, 2, 1024, 128, causal, P, sh, 2);
+      SCOPED_TRACE(s.str());
+      const Inputs in = make_inputs(s.attn, t, seed++);
+      const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+      // The one-GPU ring on GPU 0.
+      std::vector<unsigned char> o_one(q.size());
+      std::vector<float> lse_one(std::size_t(s.attn.lse_elems()));
+      {
+        gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()), dlse(lse_one.size() * 4);
+        dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+        ring::gpu_ring_forward_local(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()), nullptr);
+        dout.download(o_one.data(), o_one.size());
+        dlse.download(lse_one.data(), lse_one.size() * 4);
+      }
+      // Each rank's shards (its chunks in order), run on its GPU, put back in their places.
+      const int64_t L = s.local_len(), c = s.chunk_len(), d = s.attn.head_dim, N = s.seq();
+      const int64_t qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads;
+      std::vector<unsigned char> o(q.size());
+      std::vector<float> lse(lse_one.size(), kNaN);
+      auto rows = [&](const unsigned char* src, unsigned char* dst, int64_t groups, int64_t width, bool to_local,
+                      int64_t r) {
+        int64_t at = 0;
+        for (int64_t chunk : s.chunks_of(r)) {
+          for (int64_t g = 0; g < groups; ++g) {
+            const int64_t whole = (g * N + chunk * c) * width, local = (g * L + at) * width;
+            std::memcpy(dst + (to_local ? local : whole), src + (to_local ? whole : local), std::size_t(c * width));
+          }
+          at += c;
+        }
+      };
+      const std::vector<std::string> errors = on_every_gpu(P, [&](int r, ncclComm_t comm) {
+        const std::size_t qb = std::size_t(qh * L * d * 2), kb = std::size_t(kh * L * d * 2);
+        std::vector<unsigned char> ql(qb), kl(kb), vl(kb), ol(qb);
+        std::vector<float> ll(std::size_t(qh * L));
+        rows(q.data(), ql.data(), qh, d * 2, true, r);
+        rows(k.data(), kl.data(), kh, d * 2, true, r);
+        rows(v.data(), vl.data(), kh, d * 2, true, r);
+        gpu::DeviceBuffer dq(qb), dk(kb), dv(kb), dout(qb), dlse(ll.size() * 4);
+        dq.upload(ql.data(), qb), dk.upload(kl.data(), kb), dv.upload(vl.data(), kb);
+        dout.poison(), dlse.poison();
+        ring::nccl_ring_forward(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()), comm,
+                                nullptr);
+        dout.download(ol.data(), qb);
+        dlse.download(ll.data(), ll.size() * 4);
+        rows(ol.data(), o.data(), qh, d * 2, false, r);  // ranks write disjoint rows
+        rows(reinterpret_cast<const unsigned char*>(ll.data()), reinterpret_cast<unsigned char*>(lse.data()), qh, 4,
+             false, r);
+      });
+      for (int r = 0; r < P; ++r) ASSERT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+      EXPECT_EQ(o, o_one) << "O differs from the one-GPU ring's";
+      EXPECT_EQ(0, std::memcmp(lse.data(), lse_one.data(), lse.size() * 4)) << "lse differs from the one-GPU ring's";
+      ForwardOutputs out{from_storage(o, t), lse};
+      const ForwardCheck chk = check_forward(s.attn, t, out, reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data()));
+      EXPECT_TRUE(chk.pass) << chk.str();
+    }
+#endif
+}
+
+// A rank given another problem, or a communicator of another size: every rank throws, none hangs
+// (a hang shows as this test's timeout).
+TEST(RingAttentionNccl, DisagreeingRanksAllFailWithoutHanging) {
+#if !FLASH_LADDER_HAS_NCCL
+  GTEST_SKIP() << "this build has no NCCL";
+#else
+  if (gpu_count() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << gpu_count();
+  const RingShape s = ring_shape(4, 1, 256, 64, true, 2, Sharding::Zigzag);
+  auto call = [&](const RingShape& mine, int r, ncclComm_t comm) {
+    const std::size_t qb = std::size_t(mine.attn.batch * mine.attn.heads * mine.local_len() * 64 * 2);
+    gpu::DeviceBuffer buf(4 * qb + 4096);
+    char* p = static_cast<char*>(buf.get());
+    ring::nccl_ring_forward(mine, DType::BF16, p, p + qb, p + 2 * qb, p + 3 * qb, reinterpret_cast<float*>(p + 4 * qb),
+                            comm, nullptr);
+    (void)r;
+  };
+  std::vector<std::string> errors = on_every_gpu(2, [&](int r, ncclComm_t comm) {
+    RingShape mine = s;
+    if (r == 1) mine.attn.seq_q = mine.attn.seq_k = 512;  // rank 1 thinks the sequence is longer
+    call(mine, r, comm);
+  });
+  for (const std::string& e : errors) EXPECT_NE(e.find("disagree"), std::string::npos) << e;
+  errors = on_every_gpu(2, [&](int r, ncclComm_t comm) {
+    RingShape three = s;  // a communicator of 2 ranks for a ring of 3 (N = 384: chunks of 64)
+    three.ranks = 3, three.attn.seq_q = three.attn.seq_k = 384;
+    call(three, r, comm);
+  });
+  for (const std::string& e : errors) EXPECT_NE(e.find("communicator has 2 ranks"), std::string::npos) << e;
+#endif
 }
 
 }  // namespace

@@ -418,6 +418,11 @@ RingBackwardRun run_ring_backward(const RingShape& s, DType t, const Inputs& in,
   return r;
 }
 
+#if !FLASH_LADDER_HAS_NCCL
+void nccl_ring_forward(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*, void*) {
+  throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
+}
+#endif
 #if !FLASH_LADDER_HAS_CUDA
 const Rung& gpu_local_rung(DType) { throw bad("this build has no CUDA: the ring runs on the GPU only with it"); }
 void gpu_ring_forward_local(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*) {

@@ -1,8 +1,8 @@
 // Rung 11 on the GPU: the ring's forward with the ladder's fastest forward kernel as each step's
 // attention. v1_ring.cu runs all P ranks on the current GPU, in the twin's order (every rank's
 // step, then every transfer), with the ring's transfers as device-to-device copies: the ring's
-// logic (shards, step plans, merges) on real kernels, testable on one GPU. The NCCL driver, one
-// rank per GPU and process with the transfers overlapped, is the next version.
+// logic (shards, step plans, merges) on real kernels, testable on one GPU. v2_nccl.cu runs one
+// rank per GPU (per process, or per thread), the transfers over NCCL; built when CMake finds NCCL.
 #pragma once
 
 #include <string>
@@ -23,5 +23,16 @@ const Rung& gpu_local_rung(DType t);
 // the local rung does not run, before any work. Throws without CUDA.
 void gpu_ring_forward_local(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o,
                             float* lse, void* stream);
+
+// One rank of the ring on the current GPU, the K/V shards passed over NCCL: `comm` is an
+// ncclComm_t of s.ranks ranks (the caller's: under torchrun, its process group's), this rank its
+// ncclCommUserRank. q, k, v, o, lse are this rank's shards in device memory, its chunks in order
+// (RingShape::chunks_of): q, o [B, H, N / P, d], k, v [B, Hkv, N / P, d], lse [B, H, N / P].
+// Every rank calls it with the same problem. Before any other communication the ranks agree, with
+// one all-reduce, on the problem, the dtype and the communicator's size; a rank given a different
+// shape, bad arguments or a communicator of another size makes every rank throw InputError, none
+// hangs. Returns when the rank's work is done. Throws without NCCL.
+void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o,
+                       float* lse, void* comm, void* stream);
 
 }  // namespace fl::ring
