@@ -110,6 +110,7 @@ def main(argv=None) -> int:
     if a.self_test:
         return self_test()
     F, F_bwd, beta, source = a.F, a.F_bwd, a.beta, "given"
+    measured = []  # (N, forward efficiency) that ring_probe --efficiency timed
     if a.probe:
         with open(a.probe) as f:
             p = json.load(f)
@@ -120,6 +121,7 @@ def main(argv=None) -> int:
         F_bwd = F_bwd or p["bwd"]["tflops"] or F / 1.4
         beta = beta or max(l["GBps"] for l in links)
         source = f"{p.get('device', '?')}, {p.get('date', '?')}"
+        measured = [(e["N"], e["efficiency"]) for e in p.get("efficiency", []) if e.get("efficiency")]
     if not (F and F_bwd and beta):
         ap.error("give --probe, or --F, --F-bwd and --beta")
     kw = dict(B=a.batch, H=a.heads, Hkv=a.kv_heads, d=a.head_dim, e=a.bytes, causal=a.causal,
@@ -132,6 +134,8 @@ def main(argv=None) -> int:
     print(f"{'N':>9} {'L':>8} {'fwd':>6} {'bwd':>6} {'both':>6}")
     for r in rows:
         print(f"{r['N']:>9} {r['L']:>8.0f} {r['fwd']:6.3f} {r['bwd']:6.3f} {r['both']:6.3f}")
+    for n, e in measured:  # the ring's forward as timed, beside the model at the same N
+        print(f"measured forward at N = {n}: {e:.3f} (model {efficiency(n, a.gpus, **kw)['fwd']:.3f})")
     if a.plot:
         import matplotlib
         matplotlib.use("Agg")
@@ -139,6 +143,8 @@ def main(argv=None) -> int:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         for key, label in (("fwd", "forward"), ("bwd", "backward"), ("both", "forward + backward")):
             ax.plot([r["N"] for r in rows], [r[key] for r in rows], marker="o", label=label)
+        if measured:
+            ax.plot([n for n, _ in measured], [e for _, e in measured], "k*", ms=10, label="forward, measured")
         ax.axvline(a.gpus * lf, ls=":", color="gray")
         ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1.05)

@@ -8,8 +8,9 @@
 //      one full step's block pair: L = N / P queries against L keys, not causal.
 // Then the hiding lengths of the model, L* = (Hkv / H)·e·F / (2β) for the forward and
 // (Hkv / H)·(e + 4)·F_bwd / (5β) for the backward, and whether the problem asked for hides its
-// transfers. One process drives every visible GPU (ncclCommInitAll); with one GPU only F is
-// measured.
+// transfers. With --efficiency, the ring itself (rung 11's v2_nccl, one thread a GPU) against the
+// same forward on one GPU on the whole problem, at each N given: parallel efficiency
+// t_1 / (P · t_P). One process drives every visible GPU; with one GPU only F is measured.
 //
 //   build-hopper/bench/ring_probe --seq 131072 --heads 32 --kv-heads 8 --head-dim 128 --json ring.json
 #include <cuda_runtime.h>
@@ -25,6 +26,9 @@
 #include <string>
 #include <vector>
 
+#include <thread>
+
+#include "../steps/11_ring_attention/ring_gpu.hpp"
 #include "bench_common.hpp"
 #include "device.hpp"
 #include "rung.hpp"
@@ -56,6 +60,9 @@ kernels' speed on one step of the problem, then prints the model's hiding length
   --fwd-rung NAME   the forward a step runs (default: the first available of
                     08_hopper_forward/v6_wide_qk, 06_tensor_core_mma/v9_one_sync)
   --bwd-rung NAME   the backward (default: 09_hopper_backward/v3_dq_writer, then 07_backward_recompute/v4_2d_tiles)
+  --efficiency LIST sequence lengths N at which to time the ring's forward (rung 11's v2_nccl, a
+                    thread a GPU) against the forward rung on one GPU on the whole problem, causal,
+                    zigzag (e.g. 16384,65536,131072)
   --json FILE       also write the measurements as JSON
   --help            this text
 )";
@@ -67,6 +74,7 @@ struct Options {
   AttentionShape shape{1, 32, 8, 131072, 131072, 128, false, 0.0};
   DType dtype = DType::BF16;
   std::string fwd_rung, bwd_rung, json;
+  std::vector<int64_t> efficiency;  // N values for the ring's own timing
 };
 
 Options parse(int argc, char** argv) {
@@ -105,6 +113,13 @@ Options parse(int argc, char** argv) {
     else if (f == "--fwd-rung") o.fwd_rung = next();
     else if (f == "--bwd-rung") o.bwd_rung = next();
     else if (f == "--json") o.json = next();
+    else if (f == "--efficiency") {
+      for (const std::string& s : bench::split_commas(next())) {
+        int64_t x = 0;
+        if (!bench::parse_int(s, &x) || x < 1) throw InputError("--efficiency: '" + s + "' is not a sequence length");
+        o.efficiency.push_back(x);
+      }
+    }
     else throw InputError("unknown flag '" + f + "' (ring_probe --help lists them)");
   }
   o.shape.validate();
@@ -242,6 +257,96 @@ std::vector<Link> link_rates(const Options& o, int p) {
   return out;
 }
 
+struct Efficiency {
+  int64_t n = 0;
+  double one_ms = NAN, ring_ms = NAN, eff = NAN;
+  std::string error;
+};
+
+// The ring's forward (v2_nccl, a thread a GPU, causal, zigzag) at each N against the local forward
+// rung on the whole problem on GPU 0. Times are wall-clock medians of whole calls (the ring's
+// call returns when its rank is done); the one-GPU time is the rung alone (CUDA events).
+std::vector<Efficiency> ring_efficiency(const Options& o, int p) {
+  std::vector<Efficiency> out;
+  std::vector<int> devs(static_cast<std::size_t>(p));
+  for (int i = 0; i < p; ++i) devs[std::size_t(i)] = i;
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(p));
+  PROBE_NCCL(ncclCommInitAll(comms.data(), p, devs.data()));
+  const std::size_t e = dtype_bytes(o.dtype);
+  for (int64_t n : o.efficiency) {
+    Efficiency r;
+    r.n = n;
+    try {
+      ring::RingShape s{o.shape, p, ring::Sharding::Zigzag};
+      s.attn.seq_q = s.attn.seq_k = n, s.attn.causal = true;
+      s.validate();
+      const Rung& local = ring::gpu_local_rung(o.dtype);
+      {  // one GPU, the whole problem
+        PROBE_CUDA(cudaSetDevice(0));
+        const std::size_t qb = std::size_t(s.attn.batch * s.attn.heads * n * s.attn.head_dim) * e,
+                          kb = std::size_t(s.attn.batch * s.attn.kv_heads * n * s.attn.head_dim) * e;
+        gpu::require_memory(2 * qb + 2 * kb + std::size_t(s.attn.lse_elems()) * 4, "the one-GPU forward at N = " + std::to_string(n));
+        gpu::DeviceBuffer q = random_buffer(qb, o.dtype, 1), k = random_buffer(kb, o.dtype, 2),
+                          v = random_buffer(kb, o.dtype, 3), out(qb), lse(std::size_t(s.attn.lse_elems()) * 4),
+                          ws(std::max<std::size_t>(16, local.workspace_bytes(s.attn, o.dtype)));
+        ForwardArgs fa;
+        fa.q = q.get(), fa.k = k.get(), fa.v = v.get(), fa.o = out.get(), fa.lse = static_cast<float*>(lse.get());
+        fa.workspace = ws.get();
+        local.check(s.attn, o.dtype, fa);
+        r.one_ms = gpu::time_ms([&] { local.forward(s.attn, o.dtype, fa); }, 1, 5, [] { gpu::flush_l2(); });
+      }
+      // The ring: each thread its GPU, its shards (random: the time does not depend on the values).
+      const int64_t L = s.local_len();
+      const std::size_t qb = std::size_t(s.attn.batch * s.attn.heads * L * s.attn.head_dim) * e,
+                        kb = std::size_t(s.attn.batch * s.attn.kv_heads * L * s.attn.head_dim) * e;
+      std::vector<double> ms;
+      std::vector<std::string> errors(static_cast<std::size_t>(p));
+      struct Shards {
+        gpu::DeviceBuffer q, k, v, o, lse;
+      };
+      std::vector<Shards> sh(static_cast<std::size_t>(p));
+      for (int i = 0; i < p; ++i) {
+        PROBE_CUDA(cudaSetDevice(i));
+        sh[std::size_t(i)] = {random_buffer(qb, o.dtype, 10 + i), random_buffer(kb, o.dtype, 20 + i),
+                              random_buffer(kb, o.dtype, 30 + i), gpu::DeviceBuffer(qb),
+                              gpu::DeviceBuffer(std::size_t(s.attn.batch * s.attn.heads * L) * 4)};
+      }
+      for (int rep = 0; rep < 4 && errors[0].empty(); ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<std::thread> threads;
+        for (int i = 0; i < p; ++i)
+          threads.emplace_back([&, i] {
+            try {
+              PROBE_CUDA(cudaSetDevice(i));
+              Shards& x = sh[std::size_t(i)];
+              ring::nccl_ring_forward(s, o.dtype, x.q.get(), x.k.get(), x.v.get(), x.o.get(),
+                                      static_cast<float*>(x.lse.get()), comms[std::size_t(i)], nullptr);
+            } catch (const std::exception& ex) {
+              errors[std::size_t(i)] = ex.what();
+            }
+          });
+        for (std::thread& t : threads) t.join();
+        if (rep > 0) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      for (const std::string& err : errors)
+        if (!err.empty()) throw std::runtime_error(err);
+      std::sort(ms.begin(), ms.end());
+      r.ring_ms = ms[ms.size() / 2];
+      r.eff = r.one_ms / (double(p) * r.ring_ms);
+    } catch (const std::exception& ex) {
+      r.error = ex.what();
+    }
+    std::cout << "efficiency N = " << n << ": "
+              << (r.error.empty() ? "one GPU " + std::to_string(r.one_ms) + " ms, ring " + std::to_string(r.ring_ms) +
+                                        " ms, efficiency " + std::to_string(r.eff)
+                                  : "not measured: " + r.error)
+              << '\n';
+    out.push_back(r);
+  }
+  for (int i = 0; i < p; ++i) ncclCommDestroy(comms[std::size_t(i)]);
+  return out;
+}
+
 int probe_main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   std::string why;
@@ -297,7 +402,15 @@ int probe_main(int argc, char** argv) {
            << ", \"fwd_lstar\": " << lstar << ", \"bwd_lstar\": " << (std::isnan(bstar) ? 0 : bstar)
            << ", \"fwd_transfer_ms\": " << fwd_transfer_ms << "}";
   }
+  std::vector<Efficiency> eff;
+  if (!o.efficiency.empty() && p >= 2) eff = ring_efficiency(o, p);
   if (json.is_open()) {
+    json << "], \"efficiency\": [";
+    for (std::size_t i = 0; i < eff.size(); ++i)
+      json << (i ? ", " : "") << "{\"N\": " << eff[i].n << ", \"one_ms\": " << (std::isnan(eff[i].one_ms) ? 0 : eff[i].one_ms)
+           << ", \"ring_ms\": " << (std::isnan(eff[i].ring_ms) ? 0 : eff[i].ring_ms)
+           << ", \"efficiency\": " << (std::isnan(eff[i].eff) ? 0 : eff[i].eff) << ", \"error\": \""
+           << (eff[i].error.empty() ? "" : "see the log") << "\"}";
     json << "]}\n";
     std::cout << "wrote " << o.json << '\n';
   }
