@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -349,6 +350,9 @@ std::vector<Efficiency> ring_efficiency(const Options& o, int p) {
 
 int probe_main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  // The communicators made here never use NVLink multicast (NVLS): a ring of sends and receives
+  // gains nothing from it, and on shared machines it is kept off. A value the caller set stays.
+  setenv("NCCL_NVLS_ENABLE", "0", 0);
   std::string why;
   if (!gpu::available(&why)) throw std::runtime_error("no GPU: " + why);
   int visible = 0;

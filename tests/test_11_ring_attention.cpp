@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -367,6 +368,7 @@ TEST(RingAttentionGpu, OneGpuRingMatchesTheOracleAndTheTwin) {
 // Runs `body(rank, comm)` on every GPU at once, one thread a rank, with a communicator of them all;
 // returns each rank's error message ("" when it returned).
 std::vector<std::string> on_every_gpu(int P, const std::function<void(int, ncclComm_t)>& body) {
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // no NVLink multicast for these communicators (a set value stays)
   ncclUniqueId id;
   EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
   std::vector<std::string> errors(static_cast<std::size_t>(P));
