@@ -41,7 +41,8 @@ __global__ void round_kernel(const float* __restrict__ x, T* __restrict__ y, int
     y[i] = T(x[i]);
 }
 
-inline __global__ void fill_kernel(float* x, float value, int64_t n) {
+template <class F>
+__global__ void fill_kernel(F* x, F value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = value;
 }
@@ -84,7 +85,7 @@ class RankState {
     sq_ = gpu::DeviceBuffer(q_bytes), sk_ = gpu::DeviceBuffer(kv_bytes_), sv_ = gpu::DeviceBuffer(kv_bytes_);
     so_ = gpu::DeviceBuffer(q_bytes), sl_ = gpu::DeviceBuffer(std::size_t(qh_ * L_) * 4), ws_ = gpu::DeviceBuffer(ws);
     FL_CUDA_CHECK(cudaMemsetAsync(o_.get(), 0, o_.size(), st_));
-    fill_kernel<<<64, 256, 0, st_>>>(static_cast<float*>(lse_.get()), -INFINITY, qh_ * L_);
+    fill_kernel<float><<<64, 256, 0, st_>>>(static_cast<float*>(lse_.get()), -INFINITY, qh_ * L_);
     FL_CUDA_CHECK_LAUNCH();
   }
 

@@ -22,6 +22,8 @@ namespace {
 template <class T>
 void forward(const RingShape& s, DType t, const T* q, const T* k, const T* v, T* o, float* lse, cudaStream_t st) {
   const int64_t P = s.ranks;
+  gpu::require_memory(std::size_t(P) * rank_bytes(s, t), "rung 11's ring of " + std::to_string(P) +
+                                                             " ranks on one GPU (" + s.str() + ")");
   std::vector<std::unique_ptr<RankState<T>>> ranks;
   for (int64_t r = 0; r < P; ++r) {
     ranks.push_back(std::make_unique<RankState<T>>(s, t, r, st));

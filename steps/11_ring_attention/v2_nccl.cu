@@ -6,11 +6,13 @@
 // the other), on the call's stream. The transfer still waits for the step before it: hiding it
 // behind the next step's compute is the next version. Before anything else the ranks agree on the
 // problem (agree_or_throw), so that a rank with other arguments cannot leave the rest hanging in a
-// transfer that never comes.
+// transfer that never comes. Non-blocking communicators (ncclInProgress) are not supported.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <nccl.h>
 
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -31,19 +33,22 @@ void nccl_check(ncclResult_t r, const char* what) {
 void agree_or_throw(const RingShape& s, DType t, const std::string& local_error, ncclComm_t comm, cudaStream_t st) {
   int count = 0;
   nccl_check(ncclCommCount(comm, &count), "ncclCommCount");
-  const char* names[] = {"batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "causal", "ranks", "sharding",
-                         "dtype", "communicator size", "arguments accepted (1) or refused (0)"};
+  float scale = s.attn.softmax_scale();
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+  const char* names[] = {"batch", "heads", "kv_heads", "seq_q", "seq_k", "head_dim", "causal", "softmax scale (bits)",
+                         "ranks", "sharding", "dtype", "communicator size", "arguments accepted (1) or refused (0)"};
   const std::vector<int64_t> mine = {s.attn.batch, s.attn.heads, s.attn.kv_heads, s.attn.seq_q, s.attn.seq_k,
-                                     s.attn.head_dim, int64_t(s.attn.causal), s.ranks, int64_t(s.sharding),
-                                     int64_t(t), int64_t(count), int64_t(local_error.empty())};
+                                     s.attn.head_dim, int64_t(s.attn.causal), int64_t(scale_bits), s.ranks,
+                                     int64_t(s.sharding), int64_t(t), int64_t(count), int64_t(local_error.empty())};
   const std::size_t n = mine.size();
   std::vector<int64_t> both(2 * n);
   for (std::size_t i = 0; i < n; ++i) both[i] = mine[i], both[n + i] = -mine[i];
   gpu::DeviceBuffer buf(both.size() * sizeof(int64_t));
-  buf.upload(both.data(), both.size() * sizeof(int64_t));
+  FL_CUDA_CHECK(cudaMemcpyAsync(buf.get(), both.data(), both.size() * sizeof(int64_t), cudaMemcpyHostToDevice, st));
   nccl_check(ncclAllReduce(buf.get(), buf.get(), both.size(), ncclInt64, ncclMax, comm, st), "ncclAllReduce");
+  FL_CUDA_CHECK(cudaMemcpyAsync(both.data(), buf.get(), both.size() * sizeof(int64_t), cudaMemcpyDeviceToHost, st));
   FL_CUDA_CHECK(cudaStreamSynchronize(st));
-  buf.download(both.data(), both.size() * sizeof(int64_t));
   std::string differ;
   for (std::size_t i = 0; i + 1 < n; ++i)
     if (both[i] != -both[n + i])
@@ -56,25 +61,69 @@ void agree_or_throw(const RingShape& s, DType t, const std::string& local_error,
     throw bad("the communicator has " + std::to_string(count) + " ranks and the problem " + std::to_string(s.ranks));
 }
 
+// One rank. Everything that can fail on this rank alone (the checks, every step's shape against
+// the local rung, the rank's device memory) happens before the agreement, so that its failure
+// reaches every rank there. After it, a step that still fails (a CUDA error) does not stop the
+// ring: the rank keeps passing the shards on, so the other ranks finish, and throws at the end.
 template <class T>
-void forward(const RingShape& s, DType t, const T* q, const T* k, const T* v, T* o, float* lse, ncclComm_t comm,
-             cudaStream_t st) {
+void run(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o, float* lse,
+         ncclComm_t comm, cudaStream_t st) {
+  std::string local_error;
+  std::unique_ptr<RankState<T>> R;
   int me = 0;
-  nccl_check(ncclCommUserRank(comm, &me), "ncclCommUserRank");
-  const int P = int(s.ranks);
-  RankState<T> R(s, t, me, st);
-  R.load_local(q, k, v);
-  for (int step = 0; step < P; ++step) {
-    R.compute(step);
-    if (step + 1 == P) break;
-    nccl_check(ncclGroupStart(), "ncclGroupStart");
-    nccl_check(ncclSend(R.kv(), R.shard_bytes(), ncclChar, (me + 1) % P, comm, st), "ncclSend");
-    nccl_check(ncclRecv(R.kv_next(), R.shard_bytes(), ncclChar, (me + P - 1) % P, comm, st), "ncclRecv");
-    nccl_check(ncclGroupEnd(), "ncclGroupEnd");
-    R.swap();
+  try {
+    check_gpu_call(s, t, {q, k, v, o, lse});
+    nccl_check(ncclCommUserRank(comm, &me), "ncclCommUserRank");
+    int dev = -1, mine = -2;
+    nccl_check(ncclCommCuDevice(comm, &dev), "ncclCommCuDevice");
+    FL_CUDA_CHECK(cudaGetDevice(&mine));
+    if (dev != mine)
+      throw bad("the communicator's rank is on GPU " + std::to_string(dev) + ", the current GPU is " + std::to_string(mine));
+    if (me < s.ranks)
+      for (int64_t step = 0; step < s.ranks; ++step) {
+        const StepPlan pl = plan_step(s, me, step);
+        AttentionShape a = s.attn;
+        a.seq_q = pl.nq, a.seq_k = pl.nk, a.causal = pl.causal;
+        std::string why;
+        if (pl.nq > 0 && !gpu_local_rung(t).supports(a, t, &why))
+          throw bad("the local rung refuses step " + std::to_string(step) + ": " + why);
+      }
+    gpu::require_memory(rank_bytes(s, t), "a rank of rung 11's ring (" + s.str() + ")");
+    if (me < s.ranks) {
+      R = std::make_unique<RankState<T>>(s, t, me, st);
+      R->load_local(static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v));
+    }
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  } catch (...) {
+    local_error = "an unknown error before the ring started";
   }
-  R.store_local(o, lse);
+  agree_or_throw(s, t, local_error, comm, st);
+
+  const int P = int(s.ranks);
+  std::string failed;  // a step's error, said once the ring is done
+  for (int step = 0; step < P; ++step) {
+    if (failed.empty()) {
+      try {
+        R->compute(step);
+      } catch (const std::exception& e) {
+        failed = e.what();
+      }
+    }
+    if (step + 1 == P) break;
+    ncclResult_t r = ncclGroupStart();
+    if (r == ncclSuccess) {  // the group is always closed, whatever its calls returned
+      const ncclResult_t a = ncclSend(R->kv(), R->shard_bytes(), ncclChar, (me + 1) % P, comm, st);
+      const ncclResult_t b = ncclRecv(R->kv_next(), R->shard_bytes(), ncclChar, (me + P - 1) % P, comm, st);
+      r = ncclGroupEnd();
+      if (r == ncclSuccess) r = a != ncclSuccess ? a : b;
+    }
+    nccl_check(r, "the step's ncclSend and ncclRecv");
+    R->swap();
+  }
+  if (failed.empty()) R->store_local(static_cast<T*>(o), lse);
   FL_CUDA_CHECK(cudaStreamSynchronize(st));  // the rank's buffers are freed when this returns
+  if (!failed.empty()) throw CudaError("rung 11_ring_attention (nccl): rank " + std::to_string(me) + ": " + failed);
 }
 
 }  // namespace
@@ -84,22 +133,8 @@ void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k
   if (!comm_ptr) throw bad("comm is null: pass the ncclComm_t of the ring's ranks");
   const ncclComm_t comm = static_cast<ncclComm_t>(comm_ptr);
   const cudaStream_t st = as_stream(stream);
-  std::string local_error;  // this rank's refusal, said only after every rank has been heard
-  try {
-    check_gpu_call(s, t, {q, k, v, o, lse});
-    gpu::require_memory(rank_bytes(s, t), "a rank of rung 11's ring (" + s.str() + ")");
-  } catch (const InputError& e) {
-    local_error = e.what();
-  } catch (const gpu::OutOfMemory& e) {
-    local_error = e.what();
-  }
-  agree_or_throw(s, t, local_error, comm, st);
-  if (t == DType::F16)
-    forward(s, t, static_cast<const __half*>(q), static_cast<const __half*>(k), static_cast<const __half*>(v),
-            static_cast<__half*>(o), lse, comm, st);
-  else
-    forward(s, t, static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-            static_cast<const __nv_bfloat16*>(v), static_cast<__nv_bfloat16*>(o), lse, comm, st);
+  if (t == DType::F16) run<__half>(s, t, q, k, v, o, lse, comm, st);
+  else run<__nv_bfloat16>(s, t, q, k, v, o, lse, comm, st);  // fp32 and others: refused in run's checks
 }
 
 }  // namespace fl::ring
