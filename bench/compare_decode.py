@@ -263,6 +263,28 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
             row(version, "decode", splits=splits, error=ct.short(e), passed=False)
     o = lse = ws = None
 
+    # -- --splits: the same versions with other split counts than the choice, to see what it costs
+    # or leaves (rows of kind "decode_splits", which the reports and the summary leave out)
+    for n in args.splits:
+        if n == splits:
+            continue
+        n_bytes = ladder.decode_workspace_bytes(contiguous, n)
+        ws = torch.empty(n_bytes, dtype=torch.uint8, device="cuda") if n_bytes else None
+        for version in versions:
+            o, lse = poisoned()
+            fn = lambda: ladder.decode(version, contiguous, dtype, q, k, v, None, kv_len, o, lse,  # noqa: E731
+                                       n, ws, stream)
+            try:
+                fn()
+                torch.cuda.synchronize()
+                stats = check(o, lse, dtype)
+                ms, reps = timer(fn)
+                row(version, "splits", kind="decode_splits", splits=n, ms=ms, reps=reps, workspace_bytes=n_bytes,
+                    **stats)
+            except Exception as e:
+                row(version, "splits", kind="decode_splits", splits=n, error=ct.short(e), passed=False)
+        o = lse = ws = None
+
     # -- the same on a paged cache, the pool's pages in a random order
     if page and versions:
         paged = cell.decode_shape(page)
@@ -481,6 +503,9 @@ def parse_args(argv):
                     help=f"SDPA backends to compare with, comma-separated from {','.join(PEERS)} (default flash,cudnn)")
     ap.add_argument("--page-size", type=int, default=64,
                     help="keys per page of the paged runs, a multiple of 16; 0: no paged runs (default 64)")
+    ap.add_argument("--splits", default="",
+                    help="comma-separated split counts to time every version at besides the one "
+                         "fl_decode_choose_splits picks (rows of kind decode_splits), e.g. 1,2,4,8,16,33,66")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
@@ -493,6 +518,12 @@ def parse_args(argv):
     for x in args.dtype:
         if x not in ("fp16", "bf16"):
             ap.error(f"--dtype: rung 10 runs fp16 and bf16, not '{x}'")
+    try:
+        args.splits = [int(x) for x in args.splits.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--splits: comma-separated integers, not '{args.splits}'")
+    if any(n < 1 for n in args.splits):
+        ap.error("--splits: every split count is 1 or more")
     args.peers = [p.strip() for p in args.peers.split(",") if p.strip()]
     for p in args.peers:
         if p not in PEERS:
@@ -584,7 +615,7 @@ def main(argv=None) -> int:
         print(f"\nwrote {len(rows)} rows to {args.json}")
     print_summary(rows)
     # A kernel of the ladder that errs or computes the wrong thing fails the run; SDPA refusing does not.
-    bad = [r for r in rows if r["kind"] == "decode" and r.get("source") in ("decode", "forward", "cell")
+    bad = [r for r in rows if r["kind"] in ("decode", "decode_splits") and r.get("source") in ("decode", "forward", "cell")
            and (r.get("error") or r.get("passed") is False)]
     if bad:
         print(f"\n{len(bad)} measurement(s) failed or were wrong:")

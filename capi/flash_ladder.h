@@ -193,7 +193,7 @@ FL_API fl_status fl_backward_host(const char* rung, const fl_shape* shape, fl_dt
  *                                                page_table[b][j / page_size]; capacity must be
  *                                                pages_per_seq * page_size
  * Causal: the new rows are the last Nq of the sequence; row i sees keys j <= i + kv_len[b] − Nq.
- * `splits`: how many pieces each sequence's keys are cut into (1..64), or 0 to let the library
+ * `splits`: how many pieces each sequence's keys are cut into (1..256), or 0 to let the library
  * choose (fl_decode_choose_splits for the GPU it would run on). With splits > 1 the pieces'
  * outputs need a workspace of fl_decode_workspace_bytes. fl_decode runs a kernel of the rung (one
  * per version, fl_decode_version_name), fl_decode_host the CPU twin. */

@@ -336,15 +336,23 @@ TEST(Decoding, SplitsFillTheGpuAndNoMore) {
   s.heads = 32;
   s.kv_heads = 8;
   s.capacity = 131072;
-  s.batch = 1;  // 8 blocks for 132 SMs: 33 pieces each
-  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 33);
-  s.batch = 16;  // 128 blocks, fewer than the SMs: three pieces (⌈264 / 128⌉)
-  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 3);
+  s.batch = 1;  // 8 blocks for 132 SMs: 16 pieces each, 128 blocks, one an SM
+  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 16);
+  s.kv_heads = 32;  // 32 blocks: 4 pieces each (5 would be 160 blocks, more than the SMs)
+  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 4);
+  s.kv_heads = 8, s.seq_q = 16;  // 64 packed rows, 4 row tiles: 32 blocks, 4 pieces
+  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 4);
+  s.seq_q = 1, s.batch = 16;  // 128 blocks, fewer than the SMs but more than half: no split
+  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 1);
   s.batch = 64;  // 512 blocks: no split
   EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 1);
-  s.batch = 1;  // short sequences: no piece shorter than the 64-key granule
-  EXPECT_EQ(decoding::choose_splits(s, 200, 132), 4);
+  s.batch = 1;  // short sequences: no piece shorter than kMinPieceKeys
+  EXPECT_EQ(decoding::choose_splits(s, 4096, 132), 8);
+  EXPECT_EQ(decoding::choose_splits(s, 4097, 132), 9);
+  EXPECT_EQ(decoding::choose_splits(s, 512, 132), 1);
+  EXPECT_EQ(decoding::choose_splits(s, 200, 132), 1);
   EXPECT_EQ(decoding::choose_splits(s, 64, 132), 1);
+  EXPECT_EQ(decoding::choose_splits(s, 131072, 1), 1);  // one SM: nothing to fill
   // Pieces start on granule boundaries and cover the sequence.
   for (int64_t len : {1, 63, 64, 65, 1000, 32771})
     for (int splits : {1, 2, 7, 64}) {

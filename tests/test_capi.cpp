@@ -509,7 +509,8 @@ TEST(CApi, DecodeHostRunsRung10sTwin) {
   const fl::Inputs in = fl::make_inputs(whole, t, 77);
   const std::vector<unsigned char> q = fl::to_storage(in.q, t), k = fl::to_storage(in.k, t), v = fl::to_storage(in.v, t);
   fl_decode_shape c{B, H, Hkv, Nq, d, cap, 0, 0, 0, 1, 0.0};
-  EXPECT_EQ(fl_decode_choose_splits(&c, 130, 132), 3);  // 6 blocks for 132 SMs; 3 granules of 64 keys
+  EXPECT_EQ(fl_decode_choose_splits(&c, 130, 132), 1);   // 6 blocks for 132 SMs, but 130 keys: one piece
+  EXPECT_EQ(fl_decode_choose_splits(&c, 5000, 132), 10);  // 22 could fill the SMs; 10 pieces of at least 512 keys
   size_t bytes = 0;
   ASSERT_EQ(fl_decode_workspace_bytes(&c, 3, &bytes), FL_OK) << fl_last_error();
   EXPECT_EQ(bytes, size_t(B * Hkv * 3 * (2 * Nq) * (d + 1) * 4));

@@ -54,49 +54,85 @@ struct Params {
   }
 };
 
-// ---- the merge: one block per (row tile, KV head, sequence) -----------------------------------
+// ---- the merge: a row per group of D/4 lanes, 4 columns a lane --------------------------------
 //
 // Piece p of a row left O_p (already divided by its own sum) and lse_p. As rung 02's row states
 // {m = lse_p, ℓ = 1} they merge into m = max_p lse_p and ℓ = Σ_p exp(lse_p − m); then
 // lse = m + log ℓ and O = Σ_p exp(lse_p − m)·O_p / ℓ. A row no piece saw a key of keeps m = −∞:
 // O = 0, lse = −∞.
+//
+// The merge is a few microseconds of latency, not of bandwidth: it reads little, and what it
+// reads depends on what it read before (the weights on the maximum). So the lanes of a row's group
+// each load one piece's lse_p at once and agree on m and the weights by shuffles, and the pieces'
+// O rows are loaded eight at a time, in flight together. As many blocks as there are rows /
+// kMergeRows, so that even one sequence's merge spreads over the GPU.
+template <int D>
+inline constexpr int kMergeRows = kThreads / (D / 4);  // rows a merge block takes
+
+// Hopper's programmatic dependent launch: the merge grid is launched while the split pass still
+// runs (see launch) and waits here until that pass has finished and its writes are visible.
+__device__ inline void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Lets the merge grid launch once every block of the split pass has started (or finished).
+__device__ inline void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
 merge_kernel(const float* __restrict__ opart, const float* __restrict__ lpart, const int32_t* __restrict__ kv_len,
              T* __restrict__ o, float* __restrict__ lse, Params p) {
-  __shared__ float weight[kMaxSplits][kTileRows];  // exp(lse_p − m) of each piece and row
-  __shared__ float inv_l[kTileRows];
-  const int rt = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  wait_for_prior_grid();
+  constexpr int kLanes = D / 4;  // a row's group: a warp at d = 128, half of one at d = 64
+  const int kvh = blockIdx.y, b = blockIdx.z, lane = int(threadIdx.x) % kLanes;
+  const int r = int(blockIdx.x) * kMergeRows<D> + int(threadIdx.x) / kLanes, c = 4 * lane;
+  const bool live = r < p.rows;  // a group past the last row computes row 0 again and stores nothing,
+  const int rr = live ? r : 0;   // so that every lane of a warp takes part in the shuffles
   const int64_t len = kv_len[b];
   const int pieces = len > 0 ? int((len + p.piece_keys(len) - 1) / p.piece_keys(len)) : 0;
-  const int64_t part0 = p.part_row0(b, kvh, 0), q0 = p.q_row0(b, kvh);
-  if (threadIdx.x < kTileRows) {
-    const int r = rt * kTileRows + int(threadIdx.x);
-    if (r < p.rows) {
-      float m = -INFINITY;
-      for (int i = 0; i < pieces; ++i) m = fmaxf(m, lpart[part0 + int64_t(i) * p.rows + r]);
-      float l = 0.f;
-      for (int i = 0; i < pieces; ++i) {
-        const float w = m == -INFINITY ? 0.f : expf(lpart[part0 + int64_t(i) * p.rows + r] - m);
-        weight[i][threadIdx.x] = w;
-        l += w;
-      }
-      inv_l[threadIdx.x] = l > 0.f ? 1.f / l : 0.f;
-      lse[q0 + r] = l > 0.f ? m + logf(l) : -INFINITY;
+  const int64_t row0 = p.part_row0(b, kvh, 0) + rr;  // piece i's row of this packed row: row0 + i·R
+  auto lse_of = [&](int i) { return i < pieces ? lpart[row0 + int64_t(i) * p.rows] : -INFINITY; };
+
+  float m = -INFINITY;  // lane j takes pieces j, j + kLanes, …; then the group's max
+  for (int i0 = 0; i0 < pieces; i0 += kLanes) m = fmaxf(m, lse_of(i0 + lane));
+  for (int off = kLanes / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, kLanes));
+
+  float l = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int i0 = 0; i0 < pieces; i0 += kLanes) {
+    const float mine = m == -INFINITY ? 0.f : expf(lse_of(i0 + lane) - m);  // piece i0 + lane's weight
+    const int n = min(kLanes, pieces - i0);
+#pragma unroll 8
+    for (int j = 0; j < n; ++j) {
+      const float w = __shfl_sync(0xffffffffu, mine, j, kLanes);
+      const float4 x = *reinterpret_cast<const float4*>(opart + (row0 + int64_t(i0 + j) * p.rows) * D + c);
+      l += w;
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
     }
   }
-  __syncthreads();
-  // Then every element of the tile's rows: consecutive threads, consecutive columns.
-  for (int e = int(threadIdx.x); e < kTileRows * D; e += kThreads) {
-    const int rr = e / D, c = e % D, r = rt * kTileRows + rr;
-    if (r >= p.rows) break;
-    float acc = 0.f;
-    for (int i = 0; i < pieces; ++i) acc += weight[i][rr] * opart[(part0 + int64_t(i) * p.rows + r) * D + c];
-    o[(q0 + r) * D + c] = T(acc * inv_l[rr]);
-  }
+  if (!live) return;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+  const int64_t q = p.q_row0(b, kvh) + r;
+  uint32_t* out = reinterpret_cast<uint32_t*>(o + q * D + c);
+  out[0] = fl::mma::pack<T>(acc.x * inv, acc.y * inv);
+  out[1] = fl::mma::pack<T>(acc.z * inv, acc.w * inv);
+  if (c == 0) lse[q] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
 // ---- the launch --------------------------------------------------------------------------------
+
+// Whether the current device can launch a grid before the one it depends on has finished (sm_90 on).
+inline bool has_dependent_launch() {
+  int device = 0, major = 0;
+  FL_CUDA_CHECK(cudaGetDevice(&device));
+  FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 9;
+}
 
 template <class T, int D>
 using SplitKernel = void (*)(const T*, const T*, const T*, const int32_t*, const int32_t*, T*, float*, float*,
@@ -117,9 +153,20 @@ void launch(SplitKernel<T, D> kernel, std::size_t smem, const DecodeShape& s, co
                                            a.lse, opart, lpart, p);
   FL_CUDA_CHECK_LAUNCH();
   if (a.splits > 1) {
-    merge_kernel<T, D><<<dim3(unsigned(p.row_tiles), unsigned(s.kv_heads), unsigned(s.batch)), kThreads, 0, stream>>>(
-        opart, lpart, a.kv_len, static_cast<T*>(a.o), a.lse, p);
-    FL_CUDA_CHECK_LAUNCH();
+    // The merge, launched with programmatic stream serialization where the GPU has it (sm_90 on):
+    // its launch and its blocks' start overlap the split pass's last blocks, and merge_kernel's
+    // first instruction waits for the pass to be done. A short call (one sequence, a few thousand
+    // keys) is a few microseconds of work, and a second launch's latency would be a large share.
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned((s.rows() + kMergeRows<D> - 1) / kMergeRows<D>), unsigned(s.kv_heads), unsigned(s.batch));
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    cudaLaunchAttribute overlap[1] = {};
+    overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap[0].val.programmaticStreamSerializationAllowed = 1;
+    if (has_dependent_launch()) config.attrs = overlap, config.numAttrs = 1;
+    FL_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_kernel<T, D>, static_cast<const float*>(opart),
+                                     static_cast<const float*>(lpart), a.kv_len, static_cast<T*>(a.o), a.lse, p));
   }
 }
 

@@ -27,7 +27,8 @@ namespace fl::decoding {
 
 inline constexpr int64_t kBlockKeys = 64;  // keys a block of the split pass takes at a time
 inline constexpr int64_t kMaxSeqQ = 16;    // new rows per sequence (speculative or chunked decoding)
-inline constexpr int kMaxSplits = 64;      // pieces a sequence's keys are cut into, at most
+inline constexpr int kMaxSplits = 256;     // pieces a sequence's keys are cut into, at most
+inline constexpr int64_t kMinPieceKeys = 512;  // choose_splits makes no piece shorter
 
 // The problem. Q, O: [B, H, Nq, d]; lse: [B, H, Nq] fp32, natural log. The KV cache, either
 //   contiguous: K, V [B, Hkv, capacity, d]; sequence b's keys are rows 0 .. len_b − 1 of its head;
@@ -79,9 +80,12 @@ struct DecodeArgs {
   void* stream = nullptr;                // the kernels: the cudaStream_t to queue on (null: default)
 };
 
-// How many pieces to cut every sequence's keys into: enough thread blocks (B · Hkv · splits) to
-// give each of the GPU's `sm_count` SMs about two, but no piece shorter than one granule of the
-// longest sequence, and at most kMaxSplits. 1 when B · Hkv blocks already fill the GPU.
+// How many pieces to cut every sequence's keys into: as many as keep the split pass's blocks
+// (B · Hkv · ⌈R / 16⌉ · splits) at or under one per SM of the GPU's `sm_count`, but no piece of
+// the longest sequence shorter than kMinPieceKeys (nor than one granule), and at most kMaxSplits.
+// 1 when B · Hkv · ⌈R / 16⌉ blocks already fill the GPU. Measured on an H100 (appendix 10): one
+// block an SM streams as fast as two, a second partial wave of blocks costs up to a sixth more, and
+// pieces under about 512 keys spend more on their start and the merge than they save.
 int choose_splits(const DecodeShape& s, int64_t max_len, int sm_count);
 
 // Keys in each piece of a sequence of `len` keys cut into `splits`: ⌈len / splits⌉ rounded up to

@@ -50,6 +50,7 @@ split_kernel(const T* __restrict__ q,  // [B, H, Nq, D]
              T* __restrict__ o, float* __restrict__ lse,  // written when there is one piece
              float* __restrict__ opart, float* __restrict__ lpart,  // the pieces' outputs otherwise
              Params p) {
+  allow_dependent_launch();  // the merge may launch now and wait for this pass (decode.cuh)
   constexpr int kTile = BC * D;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* Qs = reinterpret_cast<T*>(smem_raw);  // [16][D], swizzled like every tile here
