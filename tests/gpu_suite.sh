@@ -286,6 +286,16 @@ sanitize() {
         --seq-q 300 --seq-k 520 --heads 4 --kv-heads 2 --head-dim 128 --causal --reps 1 --warmup 0 \
         --verify-rows all 2>&1 | tee -a "$TMP/sanitize_$tool.log" || rc=1
     fi
+    # Rung 10 (decoding): ragged lengths, a paged cache with pages not filled to the end, pieces
+    # and their merge, GQA and causal Nq > 1, at both head sizes.
+    if [[ $dt != fp32 ]]; then
+      for d in 64 128; do
+        echo "--- $tool, $dt: ladder --decode, d=$d"
+        "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 20 \
+          "$BUILD/bench/ladder" --decode --device cuda --dtype "$dt" --batch 3 --heads 8 --kv-heads 2 --seq-q 4 \
+          --seq-k 1000 --head-dim "$d" --page-size 16 --splits 5 --causal --reps 1 --warmup 0 2>&1 | tee -a "$TMP/sanitize_$tool.log" || rc=1
+      done
+    fi
   done
   # The backward kernels ran in the ladder above (its backward table, printed when a rung has a
   # backward pass); say so when none did, so that it does not pass unnoticed.
