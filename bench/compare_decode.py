@@ -13,7 +13,9 @@ read once per KV head, whatever a kernel really reads), and set against what thi
          splits fl_decode_choose_splits gives for this GPU's SM count (recorded in "splits"),
          checked against an fp64 reference, then timed;
        * the same with a paged cache (--page-size keys a page, the pages of the pool in a random
-         order): checked, compared bit for bit with the contiguous run ("paged_same_bits"), timed;
+         order): checked and compared bit for bit with the contiguous run at its split count
+         ("paged_same_bits"), then checked and timed at the split count the rule gives a paged
+         cache (recorded in "splits"; it may be larger: two blocks an SM);
          a version without a paged path refuses, and the refusal is recorded;
        * rung 06's fastest forward kernel (06_tensor_core_mma/v9_one_sync) through fl_forward: what
          a prefill kernel does with one query row;
@@ -300,11 +302,16 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
             table = table.to(torch.int32)                                         # [B, pages_per_seq]
             ws_bytes = ladder.decode_workspace_bytes(paged, splits)
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda") if ws_bytes else None
+            # The bits are compared at the contiguous run's splits; the time is taken at the split
+            # count fl_decode_choose_splits gives a paged cache (it may differ: two blocks an SM).
+            p_splits = ladder.decode_choose_splits(paged, Nk, args.sm_count)
+            p_bytes = ladder.decode_workspace_bytes(paged, p_splits)
+            p_ws = torch.empty(p_bytes, dtype=torch.uint8, device="cuda") if p_bytes else None
             for version in versions:
                 o, lse = poisoned()
                 fn = lambda: ladder.decode(version, paged, dtype, q, k_pool, v_pool, table,  # noqa: E731
                                            kv_len, o, lse, splits, ws, stream)
-                kw = dict(page_size=page, capacity=paged.capacity, splits=splits)
+                kw = dict(page_size=page, capacity=paged.capacity, splits=p_splits)
                 try:
                     fn()
                 except ct.FlError as e:  # a version without a paged path says so before any work
@@ -322,12 +329,39 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
                     # the same bits are then expected. Larger pages start pieces on page boundaries.
                     if BLOCK_KEYS % page == 0 and version in first and not bits:
                         stats["passed"] = False
+                    if p_splits != splits:  # checked again at the split count that is timed
+                        fn = lambda: ladder.decode(version, paged, dtype, q, k_pool, v_pool, table,  # noqa: E731
+                                                   kv_len, o, lse, p_splits, p_ws, stream)
+                        o.fill_(float("nan")), lse.fill_(float("nan"))
+                        fn()
+                        torch.cuda.synchronize()
+                        passed, stats = stats["passed"], check(o, lse, dtype)  # the timed run's errors
+                        stats["passed"] = passed and stats["passed"]
                     ms, reps = timer(fn)
                     row(version, "decode", ms=ms, reps=reps, paged_same_bits=bits if version in first else None,
-                        workspace_bytes=ws_bytes, **kw, **stats)
+                        workspace_bytes=p_bytes, **kw, **stats)
                 except Exception as e:
                     row(version, "decode", error=ct.short(e), passed=False, **kw)
-            o = lse = ws = k_pool = v_pool = table = None
+            # --splits on the paged cache too, for the versions that have a paged path
+            for n in args.splits:
+                if n == p_splits:
+                    continue
+                n_bytes = ladder.decode_workspace_bytes(paged, n)
+                ws = torch.empty(n_bytes, dtype=torch.uint8, device="cuda") if n_bytes else None
+                for version in [x for x in versions if "paged" in x]:
+                    o, lse = poisoned()
+                    fn = lambda: ladder.decode(version, paged, dtype, q, k_pool, v_pool, table,  # noqa: E731
+                                               kv_len, o, lse, n, ws, stream)
+                    kw = dict(kind="decode_splits", page_size=page, capacity=paged.capacity, splits=n)
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                        stats = check(o, lse, dtype)
+                        ms, reps = timer(fn)
+                        row(version, "splits", ms=ms, reps=reps, workspace_bytes=n_bytes, **kw, **stats)
+                    except Exception as e:
+                        row(version, "splits", error=ct.short(e), passed=False, **kw)
+            o = lse = ws = p_ws = k_pool = v_pool = table = None
             torch.cuda.empty_cache()
 
     # -- rung 06's forward kernel on the same problem: the prefill kernel asked to decode

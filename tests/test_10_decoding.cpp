@@ -353,6 +353,10 @@ TEST(Decoding, SplitsFillTheGpuAndNoMore) {
   EXPECT_EQ(decoding::choose_splits(s, 200, 132), 1);
   EXPECT_EQ(decoding::choose_splits(s, 64, 132), 1);
   EXPECT_EQ(decoding::choose_splits(s, 131072, 1), 1);  // one SM: nothing to fill
+  s.page_size = 64, s.capacity = 131072, s.pages_per_seq = 2048;  // paged: two blocks an SM
+  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 33);
+  s.batch = 16;
+  EXPECT_EQ(decoding::choose_splits(s, 131072, 132), 2);
   // Pieces start on granule boundaries and cover the sequence.
   for (int64_t len : {1, 63, 64, 65, 1000, 32771})
     for (int splits : {1, 2, 7, 64}) {

@@ -184,7 +184,8 @@ std::string DecodeShape::str() const {
 
 int choose_splits(const DecodeShape& s, int64_t max_len, int sm_count) {
   const int64_t blocks = s.batch * s.kv_heads * ((s.rows() + 15) / 16);  // the split pass's blocks at splits = 1
-  const int64_t by_sm = std::max<int64_t>(1, std::max(sm_count, 1) / blocks);
+  const int64_t per_sm = s.paged() ? 2 : 1;  // a paged cache's scattered reads want two blocks an SM in flight
+  const int64_t by_sm = std::max<int64_t>(1, per_sm * std::max(sm_count, 1) / blocks);
   const int64_t shortest = std::max(kMinPieceKeys, s.granule());
   const int64_t by_len = std::max<int64_t>(1, (max_len + shortest - 1) / shortest);
   return int(std::min<int64_t>({by_sm, by_len, kMaxSplits}));

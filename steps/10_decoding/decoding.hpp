@@ -81,11 +81,13 @@ struct DecodeArgs {
 };
 
 // How many pieces to cut every sequence's keys into: as many as keep the split pass's blocks
-// (B · Hkv · ⌈R / 16⌉ · splits) at or under one per SM of the GPU's `sm_count`, but no piece of
-// the longest sequence shorter than kMinPieceKeys (nor than one granule), and at most kMaxSplits.
-// 1 when B · Hkv · ⌈R / 16⌉ blocks already fill the GPU. Measured on an H100 (appendix 10): one
-// block an SM streams as fast as two, a second partial wave of blocks costs up to a sixth more, and
-// pieces under about 512 keys spend more on their start and the merge than they save.
+// (B · Hkv · ⌈R / 16⌉ · splits) at or under one per SM of the GPU's `sm_count` (two on a paged
+// cache), but no piece of the longest sequence shorter than kMinPieceKeys (nor than one granule),
+// and at most kMaxSplits. 1 when B · Hkv · ⌈R / 16⌉ blocks already fill the GPU. Measured on an
+// H100 (appendix 10): on a contiguous cache one block an SM streams as fast as two, a second
+// partial wave of blocks costs up to a sixth more, and pieces under about 512 keys spend more on
+// their start and the merge than they save; pages read from scattered places need the second
+// block's bytes in flight.
 int choose_splits(const DecodeShape& s, int64_t max_len, int sm_count);
 
 // Keys in each piece of a sequence of `len` keys cut into `splits`: ⌈len / splits⌉ rounded up to
