@@ -189,6 +189,16 @@ build() {
     c++filt >"$OUT/ptxas.log"
   echo "ptxas.log: $(grep -c 'Compiling entry function' "$OUT/ptxas.log") kernels reported," \
        "$(grep -cE '[1-9][0-9]* bytes spill (stores|loads)' "$OUT/ptxas.log") with spills"
+  # ptxas says when it serializes a kernel's wgmma (C7514: accumulators read between issue and
+  # wait; C7520: a divergent path between them): a silent slowdown of the Hopper rungs, named here.
+  local serial
+  serial=$(grep -E '\((C7514|C7520)\)' "$OUT/ptxas.log" | grep -oE "in the function '[^']*'|in function '[^']*'" | sort -u)
+  if [[ -n $serial ]]; then
+    echo "WARNING: ptxas serialized wgmma (C7514/C7520) in $(wc -l <<<"$serial") kernels:"
+    sed 's/^/  /' <<<"$serial"
+  else
+    echo "ptxas.log: no kernel with serialized wgmma (C7514/C7520)"
+  fi
   return "$rc"
 }
 
