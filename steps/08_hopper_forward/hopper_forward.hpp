@@ -19,11 +19,8 @@
 //                causal work.
 //   v6_wide_qk   S = Q·Kᵀ one wgmma 128 keys wide per k-step instead of two 64 wide: Q's slice
 //                read from shared memory once, not twice (shared memory's bandwidth).
-//   v7_softmax_pinned  P_j packed into registers of its own before the wait for P_{j−1}·V_{j−1}, so
-//                the softmax really runs under that product (since v2, ptxas had moved the wait
-//                above the softmax in order to pack P into the registers that product reads).
-//   v8_pingpong  the two consumers take turns issuing their products (named barriers), so that one's
-//                softmax runs while the other's products keep the tensor cores busy.
+//   v7_descriptors  the wgmma descriptors built once and advanced by constants: fewer
+//                instructions a step.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -36,7 +33,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7SoftmaxPinned, V8Pingpong };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors };
 
 struct VersionInfo {
   Version version;
@@ -58,15 +55,11 @@ inline constexpr VersionInfo kVersions[] = {
      "tile's loads under the last one's end"},
     {Version::V6WideQk, "08_hopper_forward/v6_wide_qk",
      "v5 + S = Q*K^T as one m64n128k16 wgmma a k-step (Q read from shared memory once, not twice)"},
-    {Version::V7SoftmaxPinned, "08_hopper_forward/v7_softmax_pinned",
-     "v6 + P packed into registers of its own before the wait for P*V, so the softmax runs under that product "
-     "as v2 meant (ptxas had moved the wait above the softmax to pack P in place)"},
-    {Version::V8Pingpong, "08_hopper_forward/v8_pingpong",
-     "v7 + the two consumer warpgroups take turns issuing their products (ping-pong on named barriers): one's "
-     "softmax under the other's products"},
+    {Version::V7Descriptors, "08_hopper_forward/v7_descriptors",
+     "v6 + the wgmma descriptors built once and advanced by constants (fewer instructions a step)"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V8Pingpong) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V7Descriptors) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.
