@@ -192,9 +192,11 @@ build() {
   # ptxas says when it serializes a kernel's wgmma (C7514: accumulators read between issue and
   # wait; C7520: a divergent path between them): a silent slowdown of the Hopper rungs, named here.
   local serial
-  serial=$(grep -E '\((C7514|C7520)\)' "$OUT/ptxas.log" | grep -oE "in the function '[^']*'|in function '[^']*'" | sort -u)
+  serial=$(awk '/Building CUDA object/ { obj = $NF }
+                 /\((C7514|C7520)\)/ { n = split(obj, part, "/"); print part[n] ": " ($0 ~ /C7514/ ? "C7514" : "C7520") }' \
+             "$OUT/ptxas.log" | sort | uniq -c)
   if [[ -n $serial ]]; then
-    echo "WARNING: ptxas serialized wgmma (C7514/C7520) in $(wc -l <<<"$serial") kernels:"
+    echo "WARNING: ptxas serialized wgmma (C7514/C7520); kernels by file and note:"
     sed 's/^/  /' <<<"$serial"
   else
     echo "ptxas.log: no kernel with serialized wgmma (C7514/C7520)"
