@@ -148,12 +148,9 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   setmaxnreg_inc<C::kConsumerRegs>();
   int it0 = 0, q_uses = 0;  // the walk's K/V blocks and Q tiles before this tile's
   // The base descriptors: this warpgroup's 64 rows of Q, buffer 0 of K (K-major) and of V
-  // (MN-major, read transposed). `at(base, bytes)` is base advanced by `bytes` of shared memory.
+  // (MN-major, read transposed); `advance` (wgmma.cuh) reaches every other one from them.
   const uint64_t q_desc = desc(qs + 64 * wg * 128, 16, 1024), k_desc = desc(ks, 16, 1024),
                  v_desc = desc(vs, BC * 128, 1024);
-  auto at = [](uint64_t base, uint32_t bytes) {
-    return (base & ~uint64_t(0xFFFFFFFF)) | uint32_t(uint32_t(base) + (bytes >> 4));
-  };
   for (int k = 0;; ++k) {
   const Tile w = tile_at(k);
   if (w.last) break;
@@ -172,11 +169,11 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
 
   // O += P V for the block whose V is at vb: one group, committed, not waited for.
   auto issue_pv = [&](int buf) {
-    const uint64_t vd = at(v_desc, buf * C::kTileBytes);
+    const uint64_t vd = advance(v_desc, buf * C::kTileBytes);
 #pragma unroll
     for (int pc = 0; pc < P; ++pc)
 #pragma unroll
-      for (int kk = 0; kk < BC / 16; ++kk) rs_n64<T, 1>(acc[pc], ap[kk], at(vd, pc * BC * 128 + kk * 2048));
+      for (int kk = 0; kk < BC / 16; ++kk) rs_n64<T, 1>(acc[pc], ap[kk], advance(vd, pc * BC * 128 + kk * 2048));
     commit();
   };
 
@@ -184,7 +181,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     const int64_t j0 = int64_t(jb) * BC;
     const int buf = (it0 + jb) % C::kStages;
     tma::mbar_wait(full(buf), ((it0 + jb) / C::kStages) & 1);  // block jb has landed
-    const uint64_t kd = at(k_desc, buf * C::kTileBytes);
+    const uint64_t kd = advance(k_desc, buf * C::kTileBytes);
 
     // S = Q_i K_jᵀ, this warpgroup's 64 rows: k-step kk reads 16 columns of d, 32 bytes into
     // panel kk / 4 of both operands; A = Q rows 64·wg.., B = all 128 K rows (1024 bytes per 8).
@@ -193,8 +190,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     fence();  // O was rescaled and P packed since the last wgmma
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      ss_n128<T, 0, 0>(s[0], s[1], at(q_desc, (kk / 4) * BR * 128 + 32 * (kk % 4)),
-                       at(kd, (kk / 4) * BC * 128 + 32 * (kk % 4)), kk > 0);
+      ss_n128<T, 0, 0>(s[0], s[1], advance(q_desc, (kk / 4) * BR * 128 + 32 * (kk % 4)),
+                       advance(kd, (kk / 4) * BC * 128 + 32 * (kk % 4)), kk > 0);
     commit();
     if (jb > 0) {
       issue_pv((it0 + jb - 1) % C::kStages);

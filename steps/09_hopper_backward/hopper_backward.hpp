@@ -11,6 +11,8 @@
 //   v3_dq_writer      v2 with a warp of its own for dQ (warp specialization): the others stage
 //                     their dQ share in shared memory, the writer adds it with bulk reductions
 //                     and, in the deterministic mode, waits for the turns while they go on.
+//   v4_descriptors    v3 with the wgmma descriptors built once before the loop and advanced by
+//                     constants, not rebuilt from addresses at every product.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -24,7 +26,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors };
 
 struct VersionInfo {
   Version version;
@@ -42,9 +44,11 @@ inline constexpr VersionInfo kVersions[] = {
      "v2 + a warp of its own adds dQ (bulk reductions from a staging tile, a pair of rows each) and waits for the "
      "turns",
      true},
+    {Version::V4Descriptors, "09_hopper_backward/v4_descriptors",
+     "v3 + the wgmma descriptors built once and advanced by constants (rung 08's v7 idea)", true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V3DqWriter) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V4Descriptors) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
