@@ -168,7 +168,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   float acc[P][32] = {};
   uint32_t ap[BC / 16][4];  // P of the block before, as A operands: read by this step's P·V
 
-  // O += P V for the block whose V is at vb: one group, committed, not waited for.
+  // O += P V for the block whose V is in buffer `buf`: one group, committed, not waited for.
   auto issue_pv = [&](int buf) {
     const uint64_t vd = advance(v_desc, buf * C::kTileBytes);
 #pragma unroll

@@ -106,9 +106,10 @@ __device__ inline uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
          uint64_t((sbo >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;
 }
 
-// A descriptor advanced by `bytes` of shared memory: the address field is the low 14 bits (the
-// address over 16), so adding to the low 32-bit word moves it and leaves the strides and the
-// swizzle alone, as long as the address stays below 256 KB (all of an SM's shared memory does).
+// A descriptor advanced by `bytes` of shared memory (a multiple of 16). The low 32-bit word holds
+// the address over 16 (bits 0-13) and the leading-byte stride (bits 16-29): adding bytes / 16 to it
+// moves the address and leaves the strides and the swizzle alone as long as the address stays
+// below 2^14 * 16 bytes = 256 KB, which all of an SM's shared memory does.
 // Kernels build a tile's base descriptor once and reach every k-step, buffer and panel from it.
 __device__ inline uint64_t advance(uint64_t d, uint32_t bytes) {
   return (d & ~uint64_t(0xFFFFFFFF)) | uint32_t(uint32_t(d) + (bytes >> 4));
