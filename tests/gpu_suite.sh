@@ -197,7 +197,7 @@ build() {
              "$OUT/ptxas.log" | sort | uniq -c)
   if [[ -n $serial ]]; then
     echo "WARNING: ptxas serialized wgmma (C7514/C7520); kernels by file and note:"
-    sed 's/^/  /' <<<"$serial"
+    echo "$serial"  # uniq -c's counts indent each line
   else
     echo "ptxas.log: no kernel with serialized wgmma (C7514/C7520)"
   fi
