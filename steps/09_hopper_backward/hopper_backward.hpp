@@ -54,7 +54,7 @@ static_assert(int(Version::V4Descriptors) + 1 == int(std::size(kVersions)), "a V
 inline constexpr int64_t kBc = 128;
 
 // The forward the versions pair with (the ladder's and the C ABI's forward of a backward rung).
-inline constexpr const char* kForward = "08_hopper_forward/v6_wide_qk";
+inline constexpr const char* kForward = "08_hopper_forward/v7_descriptors";
 
 // Device memory the backward adds: rung 07's (D, then dQ's fp32 accumulator), then one 32-bit turn
 // counter per (batch, query head, Q block of kBr rows), used by the deterministic mode.
