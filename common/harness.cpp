@@ -18,6 +18,7 @@ const char* input_kind_name(InputKind k) {
     case InputKind::Normal: return "normal";
     case InputKind::LargeLogits: return "large-logits";
     case InputKind::ConstantRow: return "constant-row";
+    case InputKind::RisingLogits: return "rising-logits";
   }
   return "?";
 }
@@ -81,6 +82,17 @@ Inputs make_inputs(const AttentionShape& s, DType t, uint64_t seed, InputKind ki
   if (kind == InputKind::ConstantRow)  // batch 0, kv head 0: every key equals key 0
     for (int64_t j = 1; j < s.seq_k; ++j)
       std::memcpy(&in.k[j * s.head_dim], &in.k[0], sizeof(float) * s.head_dim);
+  if (kind == InputKind::RisingLogits) {
+    // Coordinate 0 carries the drift: key j's is ramp·j/(Nk − 1), row i's a draw c_i in [−1, 2],
+    // so the scaled logit moves by c_i·ramp/√d = 60·c_i over the keys (ramp = 60·√d).
+    const float ramp = 60.f * std::sqrt(float(s.head_dim));
+    std::uniform_real_distribution<float> pace(-1.f, 2.f);
+    for (int64_t r = 0; r < s.q_elems() / s.head_dim; ++r) in.q[r * s.head_dim] = round_to(t, pace(rng));
+    for (int64_t r = 0; r < s.kv_elems() / s.head_dim; ++r) {
+      const int64_t j = r % s.seq_k;  // K is [B, Hkv, Nk, d]
+      in.k[r * s.head_dim] = round_to(t, ramp * float(j) / float(std::max<int64_t>(1, s.seq_k - 1)));
+    }
+  }
   return in;
 }
 

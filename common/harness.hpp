@@ -20,6 +20,10 @@ enum class InputKind {
   LargeLogits,  // q, k shifted so logits reach ~120: exp() of them overflows fp32 (max ~88.7)
   ConstantRow,  // batch 0's first key/value head has every key equal: each of its rows of S is
                 // constant, so P is uniform and O is the mean of V
+  RisingLogits,  // a row's logits drift along the keys, from the first key to the last up by as
+                 // much as 120 or down by as much as 60, a pace drawn per row: each row's maximum
+                 // keeps moving as blocks of keys arrive (rung 08's lazy rescale), some rows' fast,
+                 // some slowly, some not at all
 };
 const char* input_kind_name(InputKind k);
 

@@ -18,5 +18,39 @@ INSTANTIATE_TEST_SUITE_P(Rung08, RungConformance, ::testing::ValuesIn(version_na
 // they can, nothing is refused for that reason.
 TEST(Hopper, RefusesWhereWgmmaCannotRunAndSaysWhy) { expect_refused_where_unavailable(version_names()); }
 
+// Logits that drift along the keys (InputKind::RisingLogits): each row's maximum moves block after
+// block, fast in some rows, slowly or not at all in others, so v8's lazy rescale takes a new
+// reference in some blocks and keeps a stale one (P above 1) in others, within one warp. Ragged,
+// causal and GQA, both head dims, in both 16-bit types.
+std::vector<AttentionShape> rising_shapes() {
+  return {make_shape(1, 2, 1, 300, 1000, 64, false), make_shape(2, 4, 2, 257, 1030, 128, true),
+          make_shape(1, 2, 2, 129, 4000, 128, false), make_shape(1, 4, 1, 1000, 1000, 64, true)};
+}
+
+void expect_rising_logits_pass(const std::string& name, Backend b) {
+  FL_RUNG_OR_SKIP(r, name, b);
+  const Rung* twin = b == Backend::Cuda ? Registry::instance().find(name, Backend::Cpu) : nullptr;
+  for (DType t : {DType::BF16, DType::F16})
+    for (const AttentionShape& s : rising_shapes()) {
+      const Case c{s, InputKind::RisingLogits, base_seed()};
+      SCOPED_TRACE(r->label() + " " + dtype_name(t) + " " + c.str());
+      const CaseResult res = run_case(*r, t, c);
+      EXPECT_TRUE(res.check.pass) << res.check.str();
+      EXPECT_EQ(res.check.o.bad, 0) << "unwritten or non-finite O elements";
+      if (!twin) continue;
+      const CaseResult ref = run_case(*twin, t, c);
+      EXPECT_LE(res.check.o.rel_l2, 2 * ref.check.o.rel_l2 + 0.1 * tolerance(t))
+          << "GPU error " << res.check.o.rel_l2 << " vs CPU twin " << ref.check.o.rel_l2;
+    }
+}
+
+TEST(Hopper, TwinMatchesOracleOnRisingLogits) {
+  expect_rising_logits_pass("08_hopper_forward/v8_lazy_rescale", Backend::Cpu);
+}
+
+TEST(Hopper, EveryVersionMatchesOracleAndTwinOnRisingLogits) {
+  for (const std::string& name : version_names()) expect_rising_logits_pass(name, Backend::Cuda);
+}
+
 }  // namespace
 }  // namespace fl::testing
