@@ -224,56 +224,43 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     }
 
     // The online softmax on the accumulators, on this thread's two rows, with a lazy reference:
-    // m[h] moves (and O and ℓ with it) only where a row's block maximum passes it by kSlack.
-    float mx[2];
-    bool grows = false;
+    // m[h] moves (and O and ℓ with it) only where a row's block maximum passes it by kSlack. The
+    // choice is one a warp for each of its rows (a vote), and made with selects, not a branch, up
+    // to O's multiplication: a branch here would keep ptxas from interleaving the two rows'
+    // reductions, the exponentials and the packing of P.
+    float alpha[2];
+    bool rescale = false;  // O's rows need their alpha (one of them or both)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float v = -INFINITY;  // in raw score units: the scale is positive, so max commutes
+      float mx = -INFINITY;  // in raw score units: the scale is positive, so max commutes
 #pragma unroll
       for (int n = 0; n < NS; ++n)
 #pragma unroll
         for (int i = 0; i < 32; ++i)
-          if ((i / 2) % 2 == h) v = fmaxf(v, s[n][i]);
-      mx[h] = group_reduce<4>(v, MaxOp{}) * scale_log2;
-      grows |= mx[h] > m[h] + kSlack;  // −∞ + kSlack is −∞: a row's first key always moves it
-    }
-    const bool rescale = __any_sync(0xffffffffu, grows);  // one choice a warp
-    float alpha[2] = {1.f, 1.f};
-    if (rescale) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float m_new = fmaxf(m[h], mx[h]);
-        alpha[h] = fast_exp2(m[h] - (m_new == -INFINITY ? 0.f : m_new));
-        l[h] *= alpha[h];
-        m[h] = m_new;
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float ref = m[h] == -INFINITY ? 0.f : m[h];  // no −∞ − −∞ for a row with nothing yet
+          if ((i / 2) % 2 == h) mx = fmaxf(mx, s[n][i]);
+      mx = group_reduce<4>(mx, MaxOp{}) * scale_log2;
+      const bool moves = __any_sync(0xffffffffu, mx > m[h] + kSlack);  // −∞ + kSlack is −∞
+      const float m_new = moves ? fmaxf(m[h], mx) : m[h];
+      const float ref = m_new == -INFINITY ? 0.f : m_new;  // no −∞ − −∞ for a row with nothing yet
+      alpha[h] = fast_exp2(m[h] - ref);  // 1 where the reference stays
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < NS; ++n)
 #pragma unroll
         for (int i = 0; i < 32; ++i)
           if ((i / 2) % 2 == h) sum += (s[n][i] = fast_exp2(fmaf(s[n][i], scale_log2, -ref)));
-      l[h] += sum;  // this thread's part; the quad adds its parts at the end
+      l[h] = (moves ? alpha[h] * l[h] : l[h]) + sum;  // this thread's part; the quad adds its parts at the end
+      m[h] = m_new;
+      rescale |= moves;
     }
 
     // P_{j−1} V_{j−1} has landed in O: block jb − 1's buffer is free as far as this warpgroup
-    // goes (the producer refills it once both consumers have said so). Then rescale O where the
-    // reference moved, and P_j becomes the A operands of the next step's P·V.
+    // goes (the producer refills it once both consumers have said so). P_j becomes the A operands
+    // of the next step's P·V, and O is rescaled where the reference moved.
     wait<0>();
 #pragma unroll
     for (int pc = 0; pc < P; ++pc) hold(acc[pc]);
     if (jb > 0 && threadIdx.x % 128 == 0) tma::mbar_arrive(empty((it0 + jb - 1) % C::kStages));
-    if (rescale) {
-#pragma unroll
-      for (int pc = 0; pc < P; ++pc)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) acc[pc][i] *= alpha[(i / 2) % 2];
-    }
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
       const float* e = s[kk / 4] + 8 * (kk % 4);
@@ -281,6 +268,12 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       ap[kk][1] = pack<T>(e[2], e[3]);
       ap[kk][2] = pack<T>(e[4], e[5]);
       ap[kk][3] = pack<T>(e[6], e[7]);
+    }
+    if (rescale) {  // last in the step, so that the branch splits nothing ptxas would interleave
+#pragma unroll
+      for (int pc = 0; pc < P; ++pc)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[pc][i] *= alpha[(i / 2) % 2];
     }
   }
   if (n_blocks > 0) {  // the last block's P·V, and its buffer released for the next tile's blocks
