@@ -35,7 +35,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8LazyRescale };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8LazyRescale, V9DiagAlways, V10DiagNomul };
 
 struct VersionInfo {
   Version version;
@@ -61,9 +61,11 @@ inline constexpr VersionInfo kVersions[] = {
      "v6 + the wgmma descriptors built once and advanced by constants (fewer instructions a step)"},
     {Version::V8LazyRescale, "08_hopper_forward/v8_lazy_rescale",
      "v7 + O and l rescaled only when a row's max grows by more than 2^8 (most steps skip it)"},
+    {Version::V9DiagAlways, "08_hopper_forward/v9_diag_always", "diag"},
+    {Version::V10DiagNomul, "08_hopper_forward/v10_diag_nomul", "diag"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V8LazyRescale) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V10DiagNomul) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.
