@@ -22,8 +22,8 @@ enum class InputKind {
                 // constant, so P is uniform and O is the mean of V
   RisingLogits,  // a row's logits drift along the keys, from the first key to the last up by as
                  // much as 120 or down by as much as 60, a pace drawn per row: each row's maximum
-                 // keeps moving as blocks of keys arrive (rung 08's lazy rescale), some rows' fast,
-                 // some slowly, some not at all
+                 // keeps moving as blocks of keys arrive, some rows' fast, some slowly, some not
+                 // at all (rung 08's tests)
 };
 const char* input_kind_name(InputKind k);
 
