@@ -242,6 +242,22 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
     def poisoned():  # o [B, H, Nq, d] and lse [B, H, Nq], NaN until a kernel writes them
         return torch.full_like(q, float("nan")), torch.full((B, H, Nq), float("nan"), device="cuda")
 
+    def measure(name, source, fn, o, lse, checked=None, **kw):
+        """One kernel's row: fn run once (a fault in the kernel surfaces at the synchronize, not in
+        the timing), its o and lse checked, checked(stats) told (before the timing overwrites them),
+        then fn timed; an exception becomes the row's error."""
+        try:
+            fn()
+            torch.cuda.synchronize()
+            stats = check(o, lse, dtype)
+            if checked:
+                checked(stats)
+            ms, reps = timer(fn)
+        except Exception as e:
+            row(name, source, error=ct.short(e), passed=False, **kw)
+            return
+        row(name, source, ms=ms, reps=reps, **kw, **stats)
+
     # -- rung 10's versions on the contiguous cache. fl_decode's splits = 0 would choose for a
     # longest sequence of `capacity` keys; every sequence is that long here, but the choice is made
     # (and recorded) explicitly, as a caller that knows its lengths does.
@@ -254,15 +270,8 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
         o, lse = poisoned()
         fn = lambda: ladder.decode(version, contiguous, dtype, q, k, v, None, kv_len, o, lse,  # noqa: E731
                                    splits, ws, stream)
-        try:
-            fn()
-            torch.cuda.synchronize()  # a fault in the kernel surfaces here, not in the timing
-            stats = check(o, lse, dtype)
-            first[version] = (o.clone(), lse.clone())
-            ms, reps = timer(fn)
-            row(version, "decode", splits=splits, ms=ms, reps=reps, workspace_bytes=ws_bytes, **stats)
-        except Exception as e:
-            row(version, "decode", splits=splits, error=ct.short(e), passed=False)
+        measure(version, "decode", fn, o, lse, checked=lambda _: first.update({version: (o.clone(), lse.clone())}),
+                splits=splits, workspace_bytes=ws_bytes)
     o = lse = ws = None
 
     # -- --splits: the same versions with other split counts than the choice, to see what it costs
@@ -276,15 +285,7 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
             o, lse = poisoned()
             fn = lambda: ladder.decode(version, contiguous, dtype, q, k, v, None, kv_len, o, lse,  # noqa: E731
                                        n, ws, stream)
-            try:
-                fn()
-                torch.cuda.synchronize()
-                stats = check(o, lse, dtype)
-                ms, reps = timer(fn)
-                row(version, "splits", kind="decode_splits", splits=n, ms=ms, reps=reps, workspace_bytes=n_bytes,
-                    **stats)
-            except Exception as e:
-                row(version, "splits", kind="decode_splits", splits=n, error=ct.short(e), passed=False)
+            measure(version, "splits", fn, o, lse, kind="decode_splits", splits=n, workspace_bytes=n_bytes)
         o = lse = ws = None
 
     # -- the same on a paged cache, the pool's pages in a random order
@@ -352,15 +353,8 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
                     o, lse = poisoned()
                     fn = lambda: ladder.decode(version, paged, dtype, q, k_pool, v_pool, table,  # noqa: E731
                                                kv_len, o, lse, n, ws, stream)
-                    kw = dict(kind="decode_splits", page_size=page, capacity=paged.capacity, splits=n)
-                    try:
-                        fn()
-                        torch.cuda.synchronize()
-                        stats = check(o, lse, dtype)
-                        ms, reps = timer(fn)
-                        row(version, "splits", ms=ms, reps=reps, workspace_bytes=n_bytes, **kw, **stats)
-                    except Exception as e:
-                        row(version, "splits", error=ct.short(e), passed=False, **kw)
+                    measure(version, "splits", fn, o, lse, kind="decode_splits", page_size=page,
+                            capacity=paged.capacity, splits=n, workspace_bytes=n_bytes)
             o = lse = ws = p_ws = k_pool = v_pool = table = None
             torch.cuda.empty_cache()
 
@@ -376,15 +370,12 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
             try:
                 fws_bytes = ladder.workspace_bytes(FORWARD_RUNG, "cuda", shape, dtype)
                 fws = torch.empty(fws_bytes, dtype=torch.uint8, device="cuda") if fws_bytes else None
-                o, lse = poisoned()
-                fn = lambda: ladder.forward(FORWARD_RUNG, shape, dtype, q, k, v, o, lse, fws, stream)  # noqa: E731
-                fn()
-                torch.cuda.synchronize()
-                stats = check(o, lse, dtype)
-                ms, reps = timer(fn)
-                row(FORWARD_RUNG, "forward", ms=ms, reps=reps, workspace_bytes=fws_bytes, **stats)
             except Exception as e:
                 row(FORWARD_RUNG, "forward", error=ct.short(e), passed=False)
+            else:
+                o, lse = poisoned()
+                fn = lambda: ladder.forward(FORWARD_RUNG, shape, dtype, q, k, v, o, lse, fws, stream)  # noqa: E731
+                measure(FORWARD_RUNG, "forward", fn, o, lse, workspace_bytes=fws_bytes)
             o = lse = fws = None
 
     # -- PyTorch's SDPA backends on the same q, k, v
