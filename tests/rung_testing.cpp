@@ -110,15 +110,11 @@ CaseResult run_case(const Rung& r, DType t, const Case& c, double tol) {
 
 namespace fl::testing {
 
-void expect_ladder_cases_pass(const std::string& name, Backend b, DType t) {
-  const Rung* r = rung_or_skip(name, b);
-  ASSERT_NE(r, nullptr);
-  const Rung* twin = b == Backend::Cuda ? Registry::instance().find(name, Backend::Cpu) : nullptr;
-  const std::vector<Case> cases = ladder_cases(*r, t);
-  ASSERT_FALSE(cases.empty()) << r->label() << " supports none of the ladder's shapes";
+void expect_cases_pass(const Rung& r, DType t, const std::vector<Case>& cases) {
+  const Rung* twin = r.backend() == Backend::Cuda ? Registry::instance().find(r.name(), Backend::Cpu) : nullptr;
   for (const Case& c : cases) {
-    SCOPED_TRACE(r->label() + " " + dtype_name(t) + " " + c.str());
-    const CaseResult res = run_case(*r, t, c);
+    SCOPED_TRACE(r.label() + " " + dtype_name(t) + " " + c.str());
+    const CaseResult res = run_case(r, t, c);
     EXPECT_TRUE(res.check.pass) << res.check.str();
     EXPECT_EQ(res.check.o.bad, 0) << "unwritten or non-finite O elements";
     if (twin && twin->supports(c.shape, t)) {
@@ -128,6 +124,14 @@ void expect_ladder_cases_pass(const std::string& name, Backend b, DType t) {
           << "GPU error " << res.check.o.rel_l2 << " vs CPU twin " << ref.check.o.rel_l2;
     }
   }
+}
+
+void expect_ladder_cases_pass(const std::string& name, Backend b, DType t) {
+  const Rung* r = rung_or_skip(name, b);
+  ASSERT_NE(r, nullptr);
+  const std::vector<Case> cases = ladder_cases(*r, t);
+  ASSERT_FALSE(cases.empty()) << r->label() << " supports none of the ladder's shapes";
+  expect_cases_pass(*r, t, cases);
 }
 
 void expect_gpu_backward_matches_oracle_and_twin(const std::string& name, DType t, const AttentionShape& s,

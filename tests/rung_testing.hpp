@@ -47,6 +47,8 @@ uint64_t base_seed();
 // most 2× its CPU twin's on the same inputs (with a floor of a tenth of the dtype's tolerance,
 // for when both sit at rounding level), and every output element must have been written.
 void expect_ladder_cases_pass(const std::string& name, Backend b, DType t);
+// The same checks on cases of the caller's choosing (a rung's own inputs or shapes).
+void expect_cases_pass(const Rung& r, DType t, const std::vector<Case>& cases);
 
 // A GPU backward on one problem against the fp64 oracle, and within 2× its CPU twin's error (with
 // the same floor), every gradient element written; skips without a GPU that runs it.
