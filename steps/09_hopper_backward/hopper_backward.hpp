@@ -13,8 +13,8 @@
 //                     and, in the deterministic mode, waits for the turns while they go on.
 //   v4_descriptors    v3 with the wgmma descriptors built once before the loop and advanced by
 //                     constants, not rebuilt from addresses at every product.
-//   v5_pipelined_turns v4 whose writer, in the deterministic mode, hands a turn on one step later:
-//                     its additions land while it issues the next step's, not before.
+//   v5_two_writers    v4 with a writer warp per staging tile (two at d = 64): one writer's wait
+//                     for its additions to land no longer holds up the next step's.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -28,7 +28,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5PipelinedTurns };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters };
 
 struct VersionInfo {
   Version version;
@@ -48,12 +48,13 @@ inline constexpr VersionInfo kVersions[] = {
      true},
     {Version::V4Descriptors, "09_hopper_backward/v4_descriptors",
      "v3 + the wgmma descriptors built once and advanced by constants (rung 08's v7 idea)", true},
-    {Version::V5PipelinedTurns, "09_hopper_backward/v5_pipelined_turns",
-     "v4 + the writer hands a turn on one step later, so the deterministic mode's additions land while it goes on",
+    {Version::V5TwoWriters, "09_hopper_backward/v5_two_writers",
+     "v4 + a writer warp per staging tile (two at d = 64): one writer's wait for its additions to land no longer "
+     "holds up the next step's",
      true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V5PipelinedTurns) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V5TwoWriters) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;

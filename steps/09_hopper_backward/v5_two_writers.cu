@@ -1,20 +1,21 @@
-// Rung 09, v5_pipelined_turns: v4 whose writer hands a turn on one step later, so that in the
-// deterministic mode its additions land while it works on the next step.
+// Rung 09, v5_two_writers: v4 with a writer warp for each staging tile, so that at d = 64 two
+// steps' dQ shares are added at once.
 //
-// Why: in v4's deterministic mode the writer waits, every step, until its bulk reductions have
-// landed in global memory before it hands the Q block's turn on (`bulk_wait_all`, then the
-// release). Only after that does it take the next step's tile. At d = 64 that cycle (issue, wait
-// for the additions to land, release) is longer than a step of the warps that multiply, so they
-// wait for the writer: the mode ran at 0.63–0.79 of the default's speed, against 0.91–0.99 at
-// d = 128, whose steps are twice as long (docs/appendix/09_hopper_backward.md).
+// Why: in v4's deterministic mode the writer's cycle for a step is: wait for the turn, issue the
+// reductions, wait until they have landed in global memory, release the turn. At d = 64 that cycle
+// takes longer than a step of the warps that multiply, so they wait for the writer; the mode ran
+// at 0.63–0.79 of the default's speed at d = 64 against 0.91–0.99 at d = 128, whose steps are
+// twice as long (docs/appendix/09_hopper_backward.md). Handing a turn on a step later, so that
+// the additions land while the writer goes on, does not help: the release before the hand-on is
+// a full memory barrier (MEMBAR.ALL.GPU in the SASS), which waits for every reduction the thread
+// has in flight, the next step's too.
 //
-// What changed: the turn of step s is handed on after step s + 1's reductions are issued, once
-// every group but the newest has landed (`bulk_wait_landed<1>`, cp.async.bulk.wait_group 1). The
-// additions of step s land while the writer waits for step s + 1's tile and turn. The order of
-// the additions at each Q block, and so the bits, are v4's; a block now hands on a turn about a
-// step later, a delay paid once while the blocks of a head fall into step behind each other.
-// Nothing waits in a cycle: a block waits only for blocks earlier in the order, which were
-// launched before it and never wait for it. The default mode is v4's.
+// What changed: the writer's warpgroup keeps one warp per staging tile (two at d = 64, one at
+// d = 128, where shared memory holds one tile) instead of one. Warp w takes steps w, w + 2, ...
+// with tile w; each waits for its own reductions and releases its own turns, so one writer's wait
+// for its additions to land no longer holds up the next step. The order of the additions at
+// each Q block is v4's (the turns do not change), and so are the bits; at d = 128 the kernel is
+// v4's.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -26,7 +27,7 @@ namespace {
 
 using namespace backward::tc;  // kLog2e, StepMask, BlockTiles, run_kernels
 
-constexpr Version kVersion = Version::V5PipelinedTurns;
+constexpr Version kVersion = Version::V5TwoWriters;
 
 // ---- constants --------------------------------------------------------------------------------
 
@@ -46,6 +47,7 @@ struct Cfg {
   static constexpr int kPairLd = 2 * D + 8, kTileFloats = BR / 2 * kPairLd;
   __device__ static constexpr int at(int r) { return r / 2 * kPairLd + r % 2 * D; }  // row r's first float
   static constexpr int kStages = D == 64 ? 2 : 1;  // staging tiles: two where shared memory has room
+  static constexpr int kWriters = kStages;         // a writer warp per staging tile
   // K, V, Kᵀ; Q, dO twice; dSᵀ; L, D twice; dQ's staging tiles; 1 KB to align the tiles to 1024
   // bytes; two mbarriers a staging tile.
   static constexpr std::size_t kSmemBytes = std::size_t(3 * BC * D + 4 * BR * D + BC * BR) * 2 +
@@ -71,9 +73,6 @@ __device__ __forceinline__ void bulk_add(float* dst, uint32_t src, uint32_t byte
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// Every group but the newest N has been added in global memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_landed() { asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory"); }
 // Orders this thread's global accesses through the async proxy (the bulk reductions) with its
 // ordinary ones (the turn counter's loads and release).
 __device__ __forceinline__ void fence_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
@@ -143,18 +142,21 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   }
   __syncthreads();  // the mbarriers are initialised, for every thread and for the copy engine
 
-  if (wg == 2) {  // ---- the dQ writer: the warpgroup's first warp; the others are done ----
+  if (wg == 2) {  // ---- the dQ writers: the warpgroup's first kWriters warps; the others are done ----
     setmaxnreg_dec<C::kWriterRegs>();
-    if (wr != 0) return;
+    if (wr >= C::kWriters) return;
     const int64_t n_qb = ceil_div<int64_t>(nq, BR);
     int* const head_turns = turns + (int64_t(blockIdx.z) * heads + int64_t(blockIdx.y) * group) * n_qb;
+    // Writer wr takes every kWriters-th step from step wr, and with it staging tile wr.
     int h = 0, ib = walk.rot;
-    // The turn of the step before (its offset in head_turns, −1 before the first step), handed on
-    // once its additions have landed. An offset, not a pointer: the writer has 24 registers.
-    [[maybe_unused]] int handed = -1;
-    for (int step = 0; step < steps; ++step) {
+    const auto next = [&] {  // the walk's next step: the next Q block, or the group's next head
+      ib = ib + 1 < walk.n_ib ? ib + 1 : 0;
+      h = ib == walk.rot ? h + 1 : h;
+    };
+    for (int i = 0; i < wr; ++i) next();
+    for (int step = wr; step < steps; step += C::kWriters) {
       const int64_t i0 = walk.i0(ib);
-      const int sb = step % C::kStages;  // the staging tile
+      const int sb = step % C::kStages;  // the staging tile: wr
       tma::mbar_wait(full(sb), (step / C::kStages) & 1);  // the step's dQ share is staged
       // This block's turn at the Q block: the blocks after it in the order (jb + 1 .. the last
       // block that sees the Q block's last row) add first.
@@ -176,26 +178,15 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       bulk_wait_read();
       __syncwarp();
       if (lane == 0) tma::mbar_arrive(empty(sb));  // the tile may be written again
-      if constexpr (kDeterministic) {  // the step before's turn moves on: its additions have landed
-        if (handed >= 0) {
-          bulk_wait_landed<1>();
-          fence_async_global();
-          __syncwarp();
-          if (lane == 0) hand_on(head_turns + handed);
-        }
-        handed = int(turn - head_turns);
-      }
-      ib = ib + 1 < walk.n_ib ? ib + 1 : 0;
-      h = ib == walk.rot ? h + 1 : h;
-    }
-    bulk_wait_all();  // every addition has been made before the block ends
-    if constexpr (kDeterministic) {  // and the last step's turn moves on
-      if (handed >= 0) {
+      if constexpr (kDeterministic) {          // the turn moves on once the additions have landed
+        bulk_wait_all();
         fence_async_global();
         __syncwarp();
-        if (lane == 0) hand_on(head_turns + handed);
+        if (lane == 0) hand_on(turn);
       }
+      for (int i = 0; i < C::kWriters; ++i) next();
     }
+    bulk_wait_all();  // every addition has been made before the block ends
     return;
   }
 
