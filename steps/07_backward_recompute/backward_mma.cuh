@@ -132,7 +132,8 @@ __device__ __forceinline__ void load_q_block(const Copy& copy, T* Qs, T* dOs, fl
 }
 
 // A thread block's K/V block (blockIdx: the block, its K/V head, the batch; or K/V block jb of that
-// head and batch, walked with or without the rotation), its walk over the steps, where a step's
+// head and batch, walked with or without the rotation; or block jb of K/V head kvh of batch b, for
+// a grid whose blocks are not laid out that way), its walk over the steps, where a step's
 // query rows start, and the cp.async loads of its tiles: the prologue the 2D kernel and rung 09's
 // wgmma kernels share. Q, dO, L and D have two buffers (buffer buf at Qs + buf·BR·D, ...).
 template <int BC, int BR, class T, class Copy>
@@ -152,9 +153,14 @@ struct BlockTiles {
   __device__ BlockTiles(const Copy& copy, const T* q, const T* dout, const float* lse, const float* Dsum, T* Qs, T* dOs,
                         float* Ls, float* Ds, int heads, int group, int64_t nq, int64_t nk, bool causal, unsigned jb,
                         bool rotate)
+      : BlockTiles(copy, q, dout, lse, Dsum, Qs, dOs, Ls, Ds, heads, group, nq, nk, causal, jb, rotate, blockIdx.y,
+                   blockIdx.z) {}
+  __device__ BlockTiles(const Copy& copy, const T* q, const T* dout, const float* lse, const float* Dsum, T* Qs, T* dOs,
+                        float* Ls, float* Ds, int heads, int group, int64_t nq, int64_t nk, bool causal, unsigned jb,
+                        bool rotate, unsigned kvh, unsigned b)
       : copy(copy), q(q), dout(dout), lse(lse), Dsum(Dsum), Qs(Qs), dOs(dOs), Ls(Ls), Ds(Ds),
-        walk(jb, BC, nq, nk, causal, rotate), kv_row0((int64_t(blockIdx.z) * (heads / group) + blockIdx.y) * nk),
-        q_head0((int64_t(blockIdx.z) * heads + int64_t(blockIdx.y) * group) * nq), nq(nq), steps(group * walk.n_ib) {}
+        walk(jb, BC, nq, nk, causal, rotate), kv_row0((int64_t(b) * (heads / group) + kvh) * nk),
+        q_head0((int64_t(b) * heads + int64_t(kvh) * group) * nq), nq(nq), steps(group * walk.n_ib) {}
   // The first row of step (h, ib)'s Q block in [B·H·Nq].
   __device__ int64_t q_row0(int h, int ib) const { return q_head0 + h * nq + walk.i0(ib); }
   __device__ void load_step(int h, int ib, int buf) const {

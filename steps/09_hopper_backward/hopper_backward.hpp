@@ -15,6 +15,8 @@
 //                     constants, not rebuilt from addresses at every product.
 //   v5_two_writers    v4 with a writer warp per staging tile (two at d = 64): one writer's wait
 //                     for its additions to land no longer holds up the next step's.
+//   v6_ranks_first    v5 whose deterministic mode launches its blocks rank by rank in the order of
+//                     turns, across all heads, so that the blocks' stagger carries over between waves.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -28,7 +30,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst };
 
 struct VersionInfo {
   Version version;
@@ -52,9 +54,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v4 + a writer warp per staging tile (two at d = 64): one writer's wait for its additions to land no longer "
      "holds up the next step's",
      true},
+    {Version::V6RanksFirst, "09_hopper_backward/v6_ranks_first",
+     "v5 + the deterministic mode launches its blocks rank by rank across all heads, so their stagger carries over "
+     "from one wave of blocks to the next",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V5TwoWriters) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V6RanksFirst) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
