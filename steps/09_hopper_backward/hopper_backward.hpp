@@ -16,7 +16,8 @@
 //   v5_two_writers    v4 with a writer warp per staging tile (two at d = 64): one writer's wait
 //                     for its additions to land no longer holds up the next step's.
 //   v6_ranks_first    v5 whose deterministic mode launches its blocks rank by rank in the order of
-//                     turns, across all heads, so that the blocks' stagger carries over between waves.
+//                     turns, across a group of heads that fills the GPU, so that the blocks' stagger
+//                     carries over from one group to the next.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -55,8 +56,8 @@ inline constexpr VersionInfo kVersions[] = {
      "holds up the next step's",
      true},
     {Version::V6RanksFirst, "09_hopper_backward/v6_ranks_first",
-     "v5 + the deterministic mode launches its blocks rank by rank across all heads, so their stagger carries over "
-     "from one wave of blocks to the next",
+     "v5 + the deterministic mode launches its blocks rank by rank across a group of heads that fills the GPU, so "
+     "their stagger carries over from one group to the next",
      true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }

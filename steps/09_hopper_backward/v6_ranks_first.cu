@@ -1,5 +1,5 @@
 // Rung 09, v6_ranks_first: v5 whose deterministic mode starts its thread blocks rank by rank across
-// all heads: the first in every head's order of turns, then the second, and so on.
+// a group of heads: the first in each head's order of turns, then the second, and so on.
 //
 // Why: in the deterministic mode the K/V blocks of a head add to each Q block in a fixed order,
 // the last K/V block first, and every block walks the Q blocks in the same order. So within a head
@@ -10,12 +10,15 @@
 // wave of heads. v5's mode ran at 0.80–0.81 of its default on the non-causal cells at N = 1024
 // and 4096, d = 64, but at 0.95 at N = 16384, where a head fills the GPU alone.
 //
-// What changed: in the deterministic mode, thread block L of the grid (in launch order) takes rank
-// L / (B · Hkv) in the order of turns of (batch, KV head) L mod (B · Hkv). A block starts when
-// the block of the same rank in an earlier wave ends, and the block it waits for at each Q block,
-// one rank before it, started a wave earlier: the stagger carries over from wave to wave. A block
-// still waits only for blocks launched before it. The default mode and the order of additions (so
-// the bits) are v5's.
+// What changed: in the deterministic mode the (batch, KV head) pairs are taken in groups of G, as
+// many as the SMs hold at once (G = SMs / blocks a head, at least 1), and within a group the blocks
+// are launched rank by rank: rank 0 (the first in the order of turns) of each head of the group,
+// then rank 1, and so on. The next group's rank r then starts on the SM that this group's rank r
+// leaves, one hand-on later than its rank r − 1: the stagger carries over from group to group.
+// Launching rank by rank across all heads instead (a first form) put a wave's blocks on 132
+// different heads, whose Q and dO no longer fit in L2 together; it was slower on most cells. A
+// block still waits only for blocks launched before it. The default mode and the order of the
+// additions (so the bits) are v5's.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -99,7 +102,8 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
                       const T* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dsum,
                       float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int heads, int group,
                       int64_t nq, int64_t nk, float scale_log2, float scale, bool causal,
-                      int* __restrict__ turns) {  // [B, H, ceil(Nq / BR)], zeroed: whose turn it is to add to dQ
+                      int* __restrict__ turns,  // [B, H, ceil(Nq / BR)], zeroed: whose turn it is to add to dQ
+                      int group_heads) {        // deterministic: (batch, KV head) pairs launched together
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace fl::wgmma;
   using C = Cfg<D>;
@@ -127,13 +131,17 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), kts = smem_u32(Kt), ds_s = smem_u32(dSs);
   const int key0 = 64 * wg + 16 * wr;  // the thread's first key (and +8) in Sᵀ, dPᵀ, dV, dK
   // Deterministic: the last K/V block first, each walking its Q blocks in order; the grid's blocks
-  // in launch order take rank 0 (the last K/V block) of every (batch, KV head), then rank 1, ...
+  // in launch order take, group by group of group_heads (batch, KV head) pairs, rank 0 (the last
+  // K/V block) of each pair of the group, then rank 1, ...
   const int n_kv = int(gridDim.x);
   unsigned rank = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   if constexpr (kDeterministic) {
-    const uint64_t heads_kv = uint64_t(gridDim.y) * gridDim.z,
-                   at = blockIdx.x + gridDim.x * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);  // launch order
-    rank = unsigned(at / heads_kv), kvh = unsigned(at % heads_kv % gridDim.y), b = unsigned(at % heads_kv / gridDim.y);
+    const uint64_t pairs = uint64_t(gridDim.y) * gridDim.z, per_group = uint64_t(group_heads) * n_kv,
+                   at = blockIdx.x + gridDim.x * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z),  // launch order
+                   first = at / per_group * group_heads,               // the group's first pair
+                   size = std::min<uint64_t>(group_heads, pairs - first), in = at % per_group,
+                   pair = first + in % size;
+    rank = unsigned(in / size), kvh = unsigned(pair % gridDim.y), b = unsigned(pair / gridDim.y);
   }
   const int jb = kDeterministic ? n_kv - 1 - int(rank) : int(rank);
   const BlockTiles<BC, BR, T, std::decay_t<decltype(copy)>> tiles(copy, q, dout, lse, Dsum, Qs, dOs, Ls, Ds, heads, group,
@@ -364,11 +372,17 @@ struct Launch {
     int* turns = reinterpret_cast<int*>(static_cast<unsigned char*>(a.workspace) + turn_offset(s));
     if (!a.deterministic) {
       run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, false>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes,
-                        turns);
+                        turns, 1);
       return;
     }
     FL_CUDA_CHECK(cudaMemsetAsync(turns, 0, workspace_bytes(s) - turn_offset(s), as_stream(a.stream)));
-    run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, true>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes, turns);
+    // As many (batch, KV head) pairs a group as the SMs hold blocks of (one block an SM), at least one.
+    int device = 0, sms = 0;
+    FL_CUDA_CHECK(cudaGetDevice(&device));
+    FL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int group_heads = int(std::max<int64_t>(1, sms / ceil_div<int64_t>(s.seq_k, Cfg<D>::BC)));
+    run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, true>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes, turns,
+                      group_heads);
   }
 };
 
