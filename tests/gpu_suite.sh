@@ -290,13 +290,16 @@ sanitize() {
         --verify-rows all 2>&1 | tee -a "$TMP/sanitize_$tool.log" || rc=1
     done
     # The deterministic backward (rung 09): its turn counters, waits and hand-overs, on a problem
-    # of several K/V blocks and Q blocks (causal, GQA).
+    # of several K/V blocks and Q blocks (causal, GQA), at both head dims (d = 64 has two staging
+    # tiles and, from v5, two writers); two batches, so v6's launch order has two heads to take.
     if [[ $dt != fp32 ]]; then
-      echo "--- $tool, $dt: ladder --deterministic, rung 09"
-      "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 20 \
-        "$BUILD/bench/ladder" --device cuda --dtype "$dt" --rungs 09_hopper_backward --deterministic \
-        --seq-q 300 --seq-k 520 --heads 4 --kv-heads 2 --head-dim 128 --causal --reps 1 --warmup 0 \
-        --verify-rows all 2>&1 | tee -a "$TMP/sanitize_$tool.log" || rc=1
+      for d in 64 128; do
+        echo "--- $tool, $dt: ladder --deterministic, rung 09, d=$d"
+        "$sanitizer" --tool "$tool" --error-exitcode 1 --print-limit 20 \
+          "$BUILD/bench/ladder" --device cuda --dtype "$dt" --rungs 09_hopper_backward --deterministic \
+          --batch 2 --seq-q 300 --seq-k 520 --heads 4 --kv-heads 2 --head-dim "$d" --causal --reps 1 --warmup 0 \
+          --verify-rows all 2>&1 | tee -a "$TMP/sanitize_$tool.log" || rc=1
+      done
     fi
     # Rung 10 (decoding): ragged lengths, a paged cache with pages not filled to the end, pieces
     # and their merge, GQA and causal Nq > 1, at both head sizes.
