@@ -190,16 +190,17 @@ build() {
   echo "ptxas.log: $(grep -c 'Compiling entry function' "$OUT/ptxas.log") kernels reported," \
        "$(grep -cE '[1-9][0-9]* bytes spill (stores|loads)' "$OUT/ptxas.log") with spills"
   # ptxas says when it serializes a kernel's wgmma (C7514: accumulators read between issue and
-  # wait; C7520: a divergent path between them): a silent slowdown of the Hopper rungs, named here.
+  # wait; C7515: accumulators written between them; C7517: a wait it inserted; C7520: a divergent
+  # path between them): a silent slowdown of the Hopper rungs, named here.
   local serial
   serial=$(awk '/Building CUDA object/ { obj = $NF }
-                 /\((C7514|C7520)\)/ { n = split(obj, part, "/"); print part[n] ": " ($0 ~ /C7514/ ? "C7514" : "C7520") }' \
+                 match($0, /\(C75(14|15|17|20)\)/) { n = split(obj, part, "/"); print part[n] ": " substr($0, RSTART + 1, 5) }' \
              "$OUT/ptxas.log" | sort | uniq -c)
   if [[ -n $serial ]]; then
-    echo "WARNING: ptxas serialized wgmma (C7514/C7520); kernels by file and note:"
+    echo "WARNING: ptxas serialized wgmma (C7514/C7515/C7517/C7520); kernels by file and note:"
     echo "$serial"  # uniq -c's counts indent each line
   else
-    echo "ptxas.log: no kernel with serialized wgmma (C7514/C7520)"
+    echo "ptxas.log: no kernel with serialized wgmma (C7514/C7515/C7517/C7520)"
   fi
   return "$rc"
 }
