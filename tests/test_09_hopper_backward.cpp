@@ -66,13 +66,14 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Ten runs on the same inputs give the same bits of dQ, dK and dV. The shapes have many K/V blocks
 // adding to the same rows of dQ (up to 32), where the default mode's atomics arrive in an order
-// that changes from run to run; two batches, so that v6's launch order has several heads to take.
+// that changes from run to run. The last shape has 6 (batch, KV head) pairs of 32 K/V blocks: on
+// 132 SMs v6's mode takes them in a group of 4 and a group of 2.
 TEST_P(HopperBackwardDeterministic, GpuDeterministicModeGivesTheSameBitsEveryRun) {
   uint64_t seed = base_seed() + 2000 + version_seed(GetParam());
   FL_RUNG_OR_SKIP(gpu, GetParam(), Backend::Cuda);
   for (DType t : {DType::F16, DType::BF16})
     for (const AttentionShape& s : {make_shape(2, 4, 2, 1000, 4096, 128, false), make_shape(1, 8, 2, 4096, 4096, 64, true),
-                                    make_shape(1, 3, 1, 777, 1500, 128, true)}) {
+                                    make_shape(1, 3, 1, 777, 1500, 128, true), make_shape(3, 4, 2, 300, 4096, 64, false)}) {
       SCOPED_TRACE(GetParam() + " " + dtype_name(t) + " " + s.str() + " seed=" + std::to_string(seed));
       const Inputs in = make_inputs(s, t, seed++);
       const BackwardInputs bin = make_backward_inputs(s, t, in, seed++);
@@ -84,6 +85,30 @@ TEST_P(HopperBackwardDeterministic, GpuDeterministicModeGivesTheSameBitsEveryRun
       }
       EXPECT_EQ(differ, 0) << differ << " of 9 runs differ from the first in some bit of dQ, dK or dV";
     }
+}
+
+// v6's launch order in the deterministic mode, for group sizes any GPU may give: every (pair, rank)
+// is taken by exactly one block, and the block a block waits for at every Q block (its pair's
+// rank − 1) was launched before it, so that a full GPU cannot hang on a block not yet started.
+TEST(HopperBackward, RanksFirstLaunchOrderIsAPermutationThatWaitsOnlyBackwards) {
+  for (int n_kv = 1; n_kv <= 9; ++n_kv)
+    for (uint64_t pairs = 1; pairs <= 13; ++pairs)
+      for (int group = 1; group <= 15; ++group) {
+        SCOPED_TRACE("n_kv " + std::to_string(n_kv) + ", pairs " + std::to_string(pairs) + ", group " +
+                     std::to_string(group));
+        std::vector<int64_t> launched(std::size_t(n_kv) * pairs, -1);  // [pair][rank]: its launch index
+        for (uint64_t at = 0; at < launched.size(); ++at) {
+          const hopper_backward::LaunchSlot s = hopper_backward::ranks_first_slot(at, n_kv, pairs, group);
+          ASSERT_LT(s.rank, unsigned(n_kv));
+          ASSERT_LT(s.pair, pairs);
+          int64_t& slot = launched[s.pair * n_kv + s.rank];
+          ASSERT_EQ(slot, -1) << "pair " << s.pair << " rank " << s.rank << " taken twice";
+          slot = int64_t(at);
+        }
+        for (uint64_t p = 0; p < pairs; ++p)
+          for (int r = 1; r < n_kv; ++r)
+            EXPECT_LT(launched[p * n_kv + r - 1], launched[p * n_kv + r]) << "pair " << p << " rank " << r;
+      }
 }
 
 // A version without the mode refuses it before any work, naming the versions that have it.

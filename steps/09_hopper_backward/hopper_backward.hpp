@@ -24,10 +24,12 @@
 // rung 08's fastest version.
 #pragma once
 
+#include <cstdint>
 #include <iterator>
 #include <string>
 
 #include "../07_backward_recompute/backward_recompute.hpp"
+#include "../../common/host_device.hpp"
 
 namespace fl::hopper_backward {
 
@@ -68,6 +70,23 @@ inline constexpr int64_t kBc = 128;
 
 // The forward the versions pair with (the ladder's and the C ABI's forward of a backward rung).
 inline constexpr const char* kForward = "08_hopper_forward/v7_descriptors";
+
+// v6's launch order in the deterministic mode: block `at` of the grid (in launch order, of
+// n_kv · pairs) takes rank `rank` in the order of turns (rank 0: the last K/V block, which adds
+// first) of (batch, KV head) pair `pair`. The pairs go in groups of group_heads; within a group,
+// rank 0 of each pair, then rank 1, ... So every block's predecessor in the order (its pair's rank
+// − 1) has a smaller launch index. A function of its own so that the CPU tests check it for any
+// group size, not only the one the test machine's SM count gives.
+struct LaunchSlot {
+  unsigned rank;
+  uint64_t pair;
+};
+FL_HOST_DEVICE inline LaunchSlot ranks_first_slot(uint64_t at, int n_kv, uint64_t pairs, int group_heads) {
+  const uint64_t per_group = uint64_t(group_heads) * n_kv, first = at / per_group * group_heads;
+  const uint64_t size = pairs - first < uint64_t(group_heads) ? pairs - first : uint64_t(group_heads);
+  const uint64_t in = at % per_group;
+  return {unsigned(in / size), first + in % size};
+}
 
 // Device memory the backward adds: rung 07's (D, then dQ's fp32 accumulator), then one 32-bit turn
 // counter per (batch, query head, Q block of kBr rows), used by the deterministic mode.

@@ -7,8 +7,8 @@
 // at 0.63–0.79 of the default's speed at d = 64 against 0.91–0.99 at d = 128, whose steps are
 // twice as long (docs/appendix/09_hopper_backward.md). Handing a turn on a step later, so that
 // the additions land while the writer goes on, does not help: the release before the hand-on is
-// a full memory barrier (MEMBAR.ALL.GPU in the SASS), which waits for every reduction the thread
-// has in flight, the next step's too.
+// a full memory barrier (MEMBAR.ALL.GPU in the SASS), which, by the timings, waits for every
+// reduction the thread has in flight, the next step's too.
 //
 // What changed: the writer's warpgroup keeps one warp per staging tile (two at d = 64, one at
 // d = 128, where shared memory holds one tile) instead of one. Warp w takes steps w, w + 2, ...

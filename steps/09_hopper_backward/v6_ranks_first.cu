@@ -15,7 +15,7 @@
 // are launched rank by rank: rank 0 (the first in the order of turns) of each head of the group,
 // then rank 1, and so on. The next group's rank r then starts on the SM that this group's rank r
 // leaves, one hand-on later than its rank r − 1: the stagger carries over from group to group.
-// Launching rank by rank across all heads instead (a first form) put a wave's blocks on 132
+// Launching rank by rank across all heads instead (a first form) put a wave's blocks on up to 132
 // different heads, whose Q and dO no longer fit in L2 together; it was slower on most cells. A
 // block still waits only for blocks launched before it. The default mode and the order of the
 // additions (so the bits) are v5's.
@@ -136,12 +136,9 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   const int n_kv = int(gridDim.x);
   unsigned rank = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   if constexpr (kDeterministic) {
-    const uint64_t pairs = uint64_t(gridDim.y) * gridDim.z, per_group = uint64_t(group_heads) * n_kv,
-                   at = blockIdx.x + gridDim.x * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z),  // launch order
-                   first = at / per_group * group_heads,               // the group's first pair
-                   size = std::min<uint64_t>(group_heads, pairs - first), in = at % per_group,
-                   pair = first + in % size;
-    rank = unsigned(in / size), kvh = unsigned(pair % gridDim.y), b = unsigned(pair / gridDim.y);
+    const uint64_t at = blockIdx.x + gridDim.x * (blockIdx.y + uint64_t(gridDim.y) * blockIdx.z);  // launch order
+    const LaunchSlot slot = ranks_first_slot(at, n_kv, uint64_t(gridDim.y) * gridDim.z, group_heads);
+    rank = slot.rank, kvh = unsigned(slot.pair % gridDim.y), b = unsigned(slot.pair / gridDim.y);
   }
   const int jb = kDeterministic ? n_kv - 1 - int(rank) : int(rank);
   const BlockTiles<BC, BR, T, std::decay_t<decltype(copy)>> tiles(copy, q, dout, lse, Dsum, Qs, dOs, Ls, Ds, heads, group,
