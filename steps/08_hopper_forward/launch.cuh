@@ -10,6 +10,7 @@
 #include <string>
 
 #include "cuda_check.cuh"
+#include "device.hpp"
 #include "dispatch.cuh"
 #include "hopper_forward.hpp"
 #include "wgmma.cuh"

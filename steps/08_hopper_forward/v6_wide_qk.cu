@@ -307,9 +307,7 @@ struct Launch {
     const int64_t pairs = (ceil_div<int64_t>(s.seq_q, C::BR) + 1) / 2 * s.batch * s.heads;
     if (pairs > INT32_MAX / 4)  // the walk counts tiles in an int
       throw InputError("rung 08_hopper_forward/v6_wide_qk (cuda): ceil(Nq / 256) * batch * heads must be below 2^29");
-    int device = 0, sms = 0;
-    FL_CUDA_CHECK(cudaGetDevice(&device));
-    FL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int sms = gpu::sm_count();
     const unsigned grid = unsigned(std::min<int64_t>(pairs, sms));
     wgmma_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, as_stream(a.stream)>>>(
         tq, tk, tv, static_cast<T*>(a.o), a.lse, int(s.heads), int(s.group()), s.seq_q, s.seq_k, int(pairs),

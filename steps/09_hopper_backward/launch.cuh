@@ -12,6 +12,7 @@
 
 #include "../07_backward_recompute/backward_mma.cuh"
 #include "../08_hopper_forward/wgmma.cuh"
+#include "device.hpp"
 #include "hopper_backward.hpp"
 
 namespace fl::hopper_backward {

@@ -374,9 +374,7 @@ struct Launch {
     }
     FL_CUDA_CHECK(cudaMemsetAsync(turns, 0, workspace_bytes(s) - turn_offset(s), as_stream(a.stream)));
     // As many (batch, KV head) pairs a group as the SMs hold blocks of (one block an SM), at least one.
-    int device = 0, sms = 0;
-    FL_CUDA_CHECK(cudaGetDevice(&device));
-    FL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int sms = gpu::sm_count();
     const int group_heads = int(std::max<int64_t>(1, sms / ceil_div<int64_t>(s.seq_k, Cfg<D>::BC)));
     run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, true>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes, turns,
                       group_heads);
