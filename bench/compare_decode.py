@@ -23,9 +23,12 @@ read once per KV head, whatever a kernel really reads), and set against what thi
          and v repeated to H heads where a backend refuses that (and they fit); causal through
          torch.nn.attention.bias.causal_lower_right (bottom-right, as the ladder's contract).
          A refusal is a row with ms null and the reason.
-     Each row: ms (median, L2 flushed before every call), GBps = kv_bytes / time, frac_stream_read
-     = GBps / the stream-read ceiling of this run, ratio_to_best_sdpa = the faster of SDPA flash
-     and cuDNN's time / this time (above 1: faster than both).
+     Each row: ms (median, L2 flushed before every call by reading a 256 MiB buffer), GBps =
+     kv_bytes / time, frac_stream_read = GBps / the stream-read ceiling of this run,
+     frac_same_size_read = GBps / fl_stream_read's GB/s over as many bytes as K and V (up to 2 GiB,
+     timed for the cell: what one call of that size can reach, its fixed cost included),
+     ratio_to_best_sdpa = the faster of SDPA flash and cuDNN's time / this time (above 1: faster
+     than both).
 
 The check: the fp64 reference is computed for sequences 0 and B−1 and, in each, the query heads of
 KV heads 0 and Hkv−1 (every Nq row of them): rel_err is the relative L2 error of O there, lse_err
@@ -220,6 +223,7 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
     def row(name, source, **kw):
         r = dict(base, name=name, source=source, page_size=0, capacity=Nk, splits=None, ms=None, reps=None,
                  rel_err=None, lse_err=None, bad=None, passed=None, GBps=None, frac_stream_read=None,
+                 frac_same_size_read=None,
                  ratio_to_best_sdpa=None, paged_same_bits=None, gqa=None, error=None, skip=None)
         r.update(kw)
         if r["ms"] is not None:
@@ -231,6 +235,7 @@ def run_cell(args, ladder, cell: Cell, dtype: str, versions: list[str], timer, b
         row("cell", "cell", skip=f"needs {need / 1e9:.0f} GB of device memory for q, k, v and outputs; "
                                  f"{ct.free_bytes('cuda') / 1e9:.0f} GB free")
         return
+    base["same_size_read_GBps"] = same_size_read(ladder, timer, kv_bytes)
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     q = torch.randn(B, H, Nq, d, dtype=tdtype, device="cuda", generator=gen)  # [B, H, Nq, d]
     k = torch.randn(B, Hkv, Nk, d, dtype=tdtype, device="cuda", generator=gen)  # [B, Hkv, Nk, d]
@@ -455,22 +460,47 @@ def measure_ceilings(ladder, timer, base: dict, emit) -> float | None:
     return read_gbps
 
 
+def same_size_read(ladder, timer, kv_bytes: int) -> float | None:
+    """GB/s of fl_stream_read over as many bytes as the cell's K and V (at most the ceiling's 2 GiB):
+    what one call that reads that much reaches, its launch, its start and its end included. A
+    short call cannot reach the 2 GiB read's rate: on an H100 a read of 128 MiB reaches about 93 %
+    of it. None when the buffer does not fit."""
+    stream = torch.cuda.current_stream().cuda_stream
+    nbytes = min(kv_bytes, READ_BYTES) // 16 * 16
+    buf = sink = None
+    try:
+        buf = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
+        sink = torch.zeros(1, dtype=torch.float32, device="cuda")
+        ms, _ = timer(lambda: ladder.stream_read(buf, sink, stream))
+        return nbytes / (ms * 1e-3) / 1e9
+    except torch.OutOfMemoryError:
+        return None
+    finally:
+        buf = sink = None
+        torch.cuda.empty_cache()
+
+
 # ---- Printing ----------------------------------------------------------------------------------
 
 def finish_cell(rows: list[dict], read_gbps: float | None) -> None:
-    """frac_stream_read and ratio_to_best_sdpa, once every row of a cell is in."""
+    """frac_stream_read, frac_same_size_read and ratio_to_best_sdpa, once every row of a cell is in."""
     sdpa = [r["ms"] for r in rows if r["name"] in ("sdpa_flash", "sdpa_cudnn") and r["ms"] and r["passed"]]
     for r in rows:
         if r["ms"] is None:
             continue
         if read_gbps:
             r["frac_stream_read"] = r["GBps"] / read_gbps
+        if r.get("same_size_read_GBps"):
+            r["frac_same_size_read"] = r["GBps"] / r["same_size_read_GBps"]
         if sdpa:
             r["ratio_to_best_sdpa"] = min(sdpa) / r["ms"]
 
 
 def print_cell(rows: list[dict]) -> None:
-    print(f"    {'kernel':<34} {'splits':>6} {'µs':>9} {'GB/s':>7} {'% read':>7} {'x SDPA':>7} "
+    same = next((r.get("same_size_read_GBps") for r in rows if r.get("same_size_read_GBps")), None)
+    if same:
+        print(f"    a streaming read of as many bytes as K and V (up to 2 GiB): {same:.0f} GB/s")
+    print(f"    {'kernel':<34} {'splits':>6} {'µs':>9} {'GB/s':>7} {'% read':>7} {'% same':>7} {'x SDPA':>7} "
           f"{'rel_err':>8} {'lse_err':>8}")
     for r in rows:
         name = r["name"] + (f" paged {r['page_size']}" if r.get("page_size") else "")
@@ -483,6 +513,7 @@ def print_cell(rows: list[dict]) -> None:
             note += "  same bits" if r["paged_same_bits"] else "  other bits"
         print(f"    {name:<34} {f(r['splits'], 'd'):>6} {r['ms'] * 1e3:9.1f} {r['GBps']:7.0f} "
               f"{f(r['frac_stream_read'] and 100 * r['frac_stream_read'], '.0f'):>7} "
+              f"{f(r.get('frac_same_size_read') and 100 * r['frac_same_size_read'], '.0f'):>7} "
               f"{f(r['ratio_to_best_sdpa'], '.2f'):>7} {f(r['rel_err'], '.1e'):>8} {f(r['lse_err'], '.1e'):>8}{note}",
               flush=True)
 
@@ -492,7 +523,7 @@ def print_summary(rows: list[dict]) -> None:
     for r in rows:
         if r["kind"] == "decode" and r["name"] != "cell":
             cells.setdefault((r["shape"], r["dtype"]), []).append(r)
-    wins, slower, lowest = [], [], None
+    wins, slower, lowest, lowest_same = [], [], None, None
     for (spec, dtype), rs in cells.items():
         ours = [r for r in rs if r["source"] == "decode" and r["ms"] and r["passed"]]
         peers = [r["ms"] for r in rs if r["name"] in ("sdpa_flash", "sdpa_cudnn") and r["ms"] and r["passed"]]
@@ -504,12 +535,18 @@ def print_summary(rows: list[dict]) -> None:
         if best["Nk"] >= 32768 and best["frac_stream_read"] is not None:
             if lowest is None or best["frac_stream_read"] < lowest[0]:
                 lowest = (best["frac_stream_read"], f"{spec} {dtype}, {best['name']}")
+            same = best.get("frac_same_size_read")
+            if same is not None and (lowest_same is None or same < lowest_same[0]):
+                lowest_same = (same, f"{spec} {dtype}, {best['name']}")
     print(f"\nSummary: the best decode version is as fast as or faster than the faster of SDPA flash and "
           f"cuDNN in {len(wins)} of {len(wins) + len(slower)} cells where both ran"
           + (f"; slower in {', '.join(slower)}" if slower else ""))
     if lowest:
         print(f"At Nk >= 32768 the best decode version reaches at least {100 * lowest[0]:.0f}% of the stream-read "
               f"ceiling (lowest: {lowest[1]})")
+    if lowest_same:
+        print(f"At Nk >= 32768 the best decode version reaches at least {100 * lowest_same[0]:.0f}% of a streaming "
+              f"read of as many bytes (lowest: {lowest_same[1]})")
 
 
 # ---- Driver ------------------------------------------------------------------------------------
@@ -533,6 +570,10 @@ def parse_args(argv):
                          "fl_decode_choose_splits picks (rows of kind decode_splits), e.g. 1,2,4,8,16,33,66")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--flush", choices=("clean", "dirty"), default="clean",
+                    help="how L2 is evicted before each timed call: clean (read a 256 MiB buffer; the "
+                         "default) or dirty (write it, as runs before 2026-11-24 did: the call then "
+                         "pays for writing L2's modified lines back)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every row to this file (a JSON list), rewritten after every cell")
     ap.add_argument("--time-limit", type=float, default=0,
@@ -580,7 +621,7 @@ def main(argv=None) -> int:
         sys.exit(f"compare_decode: {', '.join(unknown) or 'no decode version'} not in {args.lib} "
                  f"(it has: {', '.join(known) or 'none'})")
     args.sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    meta = dict(ct.metadata(ladder, "cuda"), sm_count=args.sm_count)
+    meta = dict(ct.metadata(ladder, "cuda", args.flush), sm_count=args.sm_count)
     print(f"compare_decode: {ladder.build_info} from {args.lib}; torch {torch.__version__}, "
           f"{meta['device']} ({args.sm_count} SMs); versions {', '.join(versions)}", flush=True)
 
@@ -592,7 +633,7 @@ def main(argv=None) -> int:
                 json.dump(rows, f, indent=1)
             os.replace(args.json + ".part", args.json)
 
-    timer = ct.Timer("cuda", args.warmup, args.reps, BUDGET_S)
+    timer = ct.Timer("cuda", args.warmup, args.reps, BUDGET_S, flush=args.flush)
     print("Ceilings (median of CUDA-event timings):", flush=True)
     read_gbps = measure_ceilings(ladder, timer, meta, rows.append)
     write_json()

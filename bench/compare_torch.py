@@ -33,8 +33,10 @@ allocator and the same clock. For every shape and dtype it
 TFLOP/s by shared/anchors.md: the forward 4·B·H·Nq·Nk·d (half when causal), the backward 2.5×
 that, forward+backward 3.5×.
 
-Timing: CUDA events around one call, a 256 MiB buffer zeroed before every call (outside the timed
-region) so L2 holds nothing useful, warm-up first, median of the repetitions. With --sustained S,
+Timing: CUDA events around one call, a 256 MiB buffer read before every call (outside the timed
+region) so L2 holds nothing useful, warm-up first, median of the repetitions. The buffer is read,
+not written (--flush clean): written, it left L2 full of modified lines, and the timed call paid
+for writing them back to HBM, about 10 us on an H100 (runs before 2026-11-24 did that). With --sustained S,
 instead: S seconds of back-to-back calls first, then five stretches of about S/5 seconds each timed
 as a whole (no flush, no synchronisation between calls), the median stretch's time per call: the
 clock and power state of a long run, where a GPU at its power limit runs slower than in short
@@ -91,6 +93,7 @@ FL_BACKWARD_DETERMINISTIC = 1  # fl_backward_ex flags, capi/flash_ladder.h
 TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 2e-2}
 SDPA_BACKENDS = ["flash", "cudnn", "efficient", "math"]
 FLUSH_BYTES = 256 << 20
+FLUSH_MODES = ("dirty", "clean")  # how Timer evicts L2 before a timed call (Timer.flush)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -472,11 +475,24 @@ def error_stats(out, ref) -> dict:
 
 
 class Timer:
-    def __init__(self, device: str, warmup: int, reps: int, budget_s: float, sustained_s: float = 0.0):
+    def __init__(self, device: str, warmup: int, reps: int, budget_s: float, sustained_s: float = 0.0,
+                 flush: str = "clean"):
         self.device, self.warmup, self.reps, self.budget_s = device, warmup, reps, budget_s
         self.sustained_s = sustained_s if device == "cuda" else 0.0
-        self.flush_buf = (torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        if flush not in FLUSH_MODES:
+            raise ValueError(f"flush must be one of {', '.join(FLUSH_MODES)}, not {flush!r}")
+        self.flush_mode = flush
+        self.flush_buf = (torch.zeros(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
                           if device == "cuda" else None)
+
+    def flush(self) -> None:
+        """Evict L2 before a timed call (not timed). "dirty" writes the buffer, which leaves L2
+        full of modified lines that the timed call's own reads must first write back to HBM;
+        "clean" reads it, which leaves L2 full of unmodified lines the call can simply drop."""
+        if self.flush_mode == "dirty":
+            self.flush_buf.zero_()
+        else:
+            self.flush_buf.sum(dtype=torch.int32)
 
     def sustained(self, fn) -> tuple[float, int]:
         """Milliseconds per call of fn() under sustained load (--sustained): calls back to back for
@@ -518,7 +534,7 @@ class Timer:
         times, t0 = [], time.perf_counter()
         for i in range(self.reps):
             if self.device == "cuda":
-                self.flush_buf.zero_()  # before the start event: evicts L2, not timed
+                self.flush()  # before the start event: evicts L2, not timed
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 fn()
@@ -582,7 +598,7 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     except Exception as e:  # without a reference nothing can be checked; say so and move on
         row("reference", "fp64", error=short(e))
         return
-    timer = Timer(dev, args.warmup, args.reps, args.budget_s, args.sustained)
+    timer = Timer(dev, args.warmup, args.reps, args.budget_s, args.sustained, args.flush)
     stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else None
     call = ladder.forward if dev == "cuda" else ladder.forward_host
     call_backward = ladder.backward if dev == "cuda" else ladder.backward_host
@@ -854,9 +870,10 @@ def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v
 
 # ---- Driver ------------------------------------------------------------------------------------
 
-def metadata(ladder: Ladder, device: str) -> dict:
+def metadata(ladder: Ladder, device: str, flush: str | None = None) -> dict:
     return {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "l2_flush": flush if device == "cuda" else None,  # Timer.flush's mode for every timed row
         "torch": torch.__version__, "torch_cuda": torch.version.cuda,
         "library": ladder.build_info,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -1070,7 +1087,7 @@ def run_worker(args) -> int:
             print(f"compare_torch: no GPU ({why or 'torch.cuda.is_available() is False'}); "
                   "--device cpu compares the CPU twins", file=sys.stderr)
             return 2
-    meta = metadata(ladder, args.device)
+    meta = metadata(ladder, args.device, args.flush)
     with open(args.rows_out, "a") as out:
         def emit(r):
             out.write(json.dumps(r) + "\n")
@@ -1112,7 +1129,7 @@ def worker_command(args, shape: Shape | None, dtype: str, rows_out: str) -> list
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--lib", args.lib,
            "--device", args.device, "--dtype", dtype,
            "--reps", str(args.reps), "--warmup", str(args.warmup), "--budget-s", str(args.budget_s),
-           "--sustained", str(args.sustained),
+           "--sustained", str(args.sustained), "--flush", args.flush,
            "--seed", str(args.seed), "--peers", ",".join(args.peers), "--rows-out", rows_out]
     if shape is None:
         cmd += ["--memory-sweep", "only", "--memory-seqs", ",".join(str(n) for n in args.memory_seqs)]
@@ -1223,6 +1240,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=2.0,
                     help="stop timing a kernel after this many seconds (at least 3 calls)")
+    ap.add_argument("--flush", choices=FLUSH_MODES, default="clean",
+                    help="how L2 is evicted before each timed call: clean (read a 256 MiB buffer; the "
+                         "default) or dirty (write it, as runs before 2026-11-24 did; see Timer.flush)")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
                     help="time under sustained load: S seconds of back-to-back calls, then five timed "
                          "stretches of S/5 seconds (no L2 flush); 0 (default): short bursts as above")

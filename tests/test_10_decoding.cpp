@@ -87,8 +87,11 @@ struct Result {
 
 // The twin (kernel = null) or a GPU kernel on the problem's cache, contiguous (page_size = 0) or
 // paged: the pages of each sequence scattered over a pool in a random order, with spare pages of
-// NaN between them. Outputs start as NaN. The kernel gets the twin's number of pieces.
-Result run(const Problem& p, int64_t page_size, int splits, const decoding::Kernel* kernel) {
+// NaN between them. Outputs start as NaN. The kernel gets the twin's number of pieces; on the GPU
+// its workspace may first be filled with the byte ws_fill (≥ 0), and the call made `calls` times on
+// the same workspace, the outputs poisoned again before each.
+Result run(const Problem& p, int64_t page_size, int splits, const decoding::Kernel* kernel, int ws_fill = -1,
+           int calls = 1) {
   DecodeShape s = p.s;
   std::vector<float> k = p.k, v = p.v;
   std::vector<int32_t> table;
@@ -131,14 +134,20 @@ Result run(const Problem& p, int64_t page_size, int splits, const decoding::Kern
                           dt = upload(table.data(), table.size() * sizeof(int32_t)),
                           dl = upload(p.len.data(), p.len.size() * sizeof(int32_t));
   gpu::DeviceBuffer dout(r.o.size()), dlse(r.lse.size() * sizeof(float)), dws(std::max<std::size_t>(ws.size(), 16));
-  dout.poison();
-  dlse.poison();
+  if (ws_fill >= 0) {
+    const std::vector<unsigned char> junk(dws.size(), static_cast<unsigned char>(ws_fill));
+    dws.upload(junk.data(), junk.size());
+  }
   a.q = dq.get(), a.k = dk.get(), a.v = dv.get(), a.kv_len = static_cast<const int32_t*>(dl.get());
   a.page_table = page_size > 0 ? static_cast<const int32_t*>(dt.get()) : nullptr;
   a.o = dout.get(), a.lse = static_cast<float*>(dlse.get()), a.workspace = dws.get();
   a.splits = r.splits;
   a.io = nullptr;
-  decoding::decode(*kernel, s, p.t, a, dws.size());
+  for (int c = 0; c < calls; ++c) {
+    dout.poison();
+    dlse.poison();
+    decoding::decode(*kernel, s, p.t, a, dws.size());
+  }
   gpu::synchronize();
   dout.download(r.o.data(), r.o.size());
   dlse.download(r.lse.data(), r.lse.size() * sizeof(float));
@@ -489,6 +498,19 @@ TEST(DecodingGpu, VersionsGiveV1sBitsOnAContiguousCache) {
     const Problem p = make_problem(8, 2, 4, 128, true, {777, 5000, 64}, DType::BF16, base_seed() + 1400);
     for (int splits : {1, 0})
       EXPECT_TRUE(same_bits(run(p, 0, splits, &v1), run(p, 0, splits, &k))) << k.name << " splits=" << splits;
+  }
+}
+
+// v3_last_merges counts finished pieces in the workspace. Whatever the workspace held before the
+// first call (zeros, every byte 0xff, every byte 0x01) and however many calls reuse it, every call
+// gives v1's bits, an empty sequence among them.
+TEST(DecodingGpu, AnyWorkspaceAndRepeatedCallsGiveV1sBits) {
+  FOR_EACH_KERNEL(k) {
+    const decoding::Kernel& v1 = decoding::kernels().front();
+    const Problem p = make_problem(8, 2, 4, 128, true, {777, 5000, 0, 64}, DType::BF16, base_seed() + 1500);
+    const Result ref = run(p, 0, 7, &v1);
+    for (int fill : {0x00, 0xff, 0x01})
+      EXPECT_TRUE(same_bits(ref, run(p, 0, 7, &k, fill, 3))) << k.name << " fill=" << fill;
   }
 }
 

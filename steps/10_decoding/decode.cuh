@@ -9,6 +9,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -34,6 +35,10 @@ struct Params {
   int64_t granule;                          // pieces start on multiples of it (DecodeShape::granule)
   float scale_log2;                         // softmax scale × log2 e
   bool causal;
+  // Set by launch: where the workspace keeps a counter per (sequence, KV head, row tile) of the
+  // pieces that have finished, and this call's tag for them (v3_last_merges; workspace_bytes).
+  unsigned long long* counters = nullptr;
+  unsigned long long tag = 0;
 
   Params(const DecodeShape& s, int n_splits)
       : heads(int(s.heads)), kv_heads(int(s.kv_heads)), group(int(s.group())), seq_q(int(s.seq_q)),
@@ -42,15 +47,27 @@ struct Params {
         granule(s.granule()), scale_log2(s.softmax_scale() * kLog2e), causal(s.causal) {}
 
   // Keys in each piece of a sequence of `len` keys: piece_keys of decoding.cpp, on the device.
+  // In 32-bit unsigned arithmetic, which nothing here can wrap (len < 2³¹: kv_len is int32; the
+  // granule is at most 2³⁰): a 64-bit division is a subroutine call, and in merge_kernel its
+  // calling convention made ptxas spill.
   __device__ int64_t piece_keys(int64_t len) const {
-    const int64_t per = (len + splits - 1) / splits;
-    return max(granule, (per + granule - 1) / granule * granule);
+    const uint32_t g = uint32_t(granule), per = (uint32_t(len) + uint32_t(splits) - 1) / uint32_t(splits);
+    return int64_t(max(g, (per + g - 1) / g * g));
+  }
+  // The pieces that hold keys of a sequence of len keys: ⌈len / piece_keys⌉, 0 when len = 0.
+  __device__ int pieces(int64_t len) const {
+    const uint32_t chunk = uint32_t(piece_keys(len));
+    return int((uint32_t(len) + chunk - 1) / chunk);
   }
   // The first of the Nq·G packed rows of (sequence b, KV head kvh) among Q's [B·H·Nq] rows.
   __device__ int64_t q_row0(int b, int kvh) const { return (int64_t(b) * heads + int64_t(kvh) * group) * seq_q; }
   // Where piece `piece` of (b, kvh) keeps its rows in the workspace: row (…)·R + r, D floats each.
   __device__ int64_t part_row0(int b, int kvh, int piece) const {
     return ((int64_t(b) * kv_heads + kvh) * splits + piece) * rows;
+  }
+  // The counter of (sequence b, KV head kvh, row tile t).
+  __device__ unsigned long long* counter(int b, int kvh, int t) const {
+    return counters + (int64_t(b) * kv_heads + kvh) * row_tiles + t;
   }
 };
 
@@ -61,13 +78,15 @@ struct Params {
 // lse = m + log ℓ and O = Σ_p exp(lse_p − m)·O_p / ℓ. A row no piece saw a key of keeps m = −∞:
 // O = 0, lse = −∞.
 //
-// The merge is a few microseconds of latency, not of bandwidth: it reads little, and what it
-// reads depends on what it read before (the weights on the maximum). So the lanes of a row's group
-// each load one piece's lse_p at once and agree on m and the weights by shuffles, and the pieces'
-// O rows are loaded eight at a time, in flight together. As many blocks as there are rows /
-// kMergeRows, so that even one sequence's merge spreads over the GPU.
+// The merge is a few microseconds of latency, not of bandwidth: it reads little, and each round
+// trip to L2 is a microsecond of it. So it folds the pieces in chunks of kMergeChunk as rung 02
+// folds blocks of keys: every lane loads a chunk's lse_p and its 4 columns of the chunk's O_p
+// rows all at once (one round trip), then rescales what it holds to the chunk's new maximum and
+// adds the chunk in. Up to kMergeChunk pieces, one round trip in all. As many blocks as there are
+// rows / kMergeRows, so that even one sequence's merge spreads over the GPU.
 template <int D>
 inline constexpr int kMergeRows = kThreads / (D / 4);  // rows a merge block takes
+inline constexpr int kMergeChunk = 16;                 // pieces loaded at once
 
 // Hopper's programmatic dependent launch: the merge grid is launched while the split pass still
 // runs (see launch) and waits here until that pass has finished and its writes are visible.
@@ -83,45 +102,59 @@ __device__ inline void allow_dependent_launch() {
 #endif
 }
 
+// Packed row r of (sequence b, KV head kvh), of a sequence of len keys, by a group of D/4 lanes
+// (lane threadIdx.x % (D/4)); a group past the last row (r ≥ R) stores nothing. The pieces'
+// outputs are read through L2 (ld.global.cg): another SM wrote them, in this grid (v3) or the one
+// before.
 template <class T, int D>
-__global__ void __launch_bounds__(kThreads)
-merge_kernel(const float* __restrict__ opart, const float* __restrict__ lpart, const int32_t* __restrict__ kv_len,
-             T* __restrict__ o, float* __restrict__ lse, Params p) {
-  wait_for_prior_grid();
-  constexpr int kLanes = D / 4;  // a row's group: a warp at d = 128, half of one at d = 64
-  const int kvh = blockIdx.y, b = blockIdx.z, lane = int(threadIdx.x) % kLanes;
-  const int r = int(blockIdx.x) * kMergeRows<D> + int(threadIdx.x) / kLanes, c = 4 * lane;
-  const bool live = r < p.rows;  // a group past the last row computes row 0 again and stores nothing,
-  const int rr = live ? r : 0;   // so that every lane of a warp takes part in the shuffles
-  const int64_t len = kv_len[b];
-  const int pieces = len > 0 ? int((len + p.piece_keys(len) - 1) / p.piece_keys(len)) : 0;
-  const int64_t row0 = p.part_row0(b, kvh, 0) + rr;  // piece i's row of this packed row: row0 + i·R
-  auto lse_of = [&](int i) { return i < pieces ? lpart[row0 + int64_t(i) * p.rows] : -INFINITY; };
+__device__ __forceinline__ void merge_row(const float* __restrict__ opart, const float* __restrict__ lpart, int64_t len,
+                                          T* __restrict__ o, float* __restrict__ lse, const Params p, int b, int kvh,
+                                          int r) {
+  if (r >= p.rows) return;
+  const int c = 4 * (int(threadIdx.x) % (D / 4));
+  const int pieces = p.pieces(len);
+  const int64_t row0 = p.part_row0(b, kvh, 0) + r;  // piece i's row of this packed row: row0 + i·R
 
-  float m = -INFINITY;  // lane j takes pieces j, j + kLanes, …; then the group's max
-  for (int i0 = 0; i0 < pieces; i0 += kLanes) m = fmaxf(m, lse_of(i0 + lane));
-  for (int off = kLanes / 2; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off, kLanes));
-
-  float l = 0.f;
+  float m = -INFINITY, l = 0.f;  // the running maximum of the lse_p and the sum of exp(lse_p − m)
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int i0 = 0; i0 < pieces; i0 += kLanes) {
-    const float mine = m == -INFINITY ? 0.f : expf(lse_of(i0 + lane) - m);  // piece i0 + lane's weight
-    const int n = min(kLanes, pieces - i0);
-#pragma unroll 8
-    for (int j = 0; j < n; ++j) {
-      const float w = __shfl_sync(0xffffffffu, mine, j, kLanes);
-      const float4 x = *reinterpret_cast<const float4*>(opart + (row0 + int64_t(i0 + j) * p.rows) * D + c);
-      l += w;
-      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+  for (int i0 = 0; i0 < pieces; i0 += kMergeChunk) {
+    float ls[kMergeChunk];
+    float4 x[kMergeChunk];
+#pragma unroll
+    for (int j = 0; j < kMergeChunk; ++j) {
+      const bool in = i0 + j < pieces;
+      const int64_t row = row0 + int64_t(i0 + j) * p.rows;
+      ls[j] = in ? __ldcg(lpart + row) : -INFINITY;
+      x[j] = in ? __ldcg(reinterpret_cast<const float4*>(opart + row * D + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
+    float mx = m;
+#pragma unroll
+    for (int j = 0; j < kMergeChunk; ++j) mx = fmaxf(mx, ls[j]);
+    const float keep = m == -INFINITY ? 0.f : expf(m - mx);  // what the chunks before weigh now
+    l *= keep, acc.x *= keep, acc.y *= keep, acc.z *= keep, acc.w *= keep;
+#pragma unroll
+    for (int j = 0; j < kMergeChunk; ++j) {
+      const float w = ls[j] == -INFINITY ? 0.f : expf(ls[j] - mx);
+      l += w;
+      acc.x += w * x[j].x, acc.y += w * x[j].y, acc.z += w * x[j].z, acc.w += w * x[j].w;
+    }
+    m = mx;
   }
-  if (!live) return;
   const float inv = l > 0.f ? 1.f / l : 0.f;
   const int64_t q = p.q_row0(b, kvh) + r;
   uint32_t* out = reinterpret_cast<uint32_t*>(o + q * D + c);
   out[0] = fl::mma::pack<T>(acc.x * inv, acc.y * inv);
   out[1] = fl::mma::pack<T>(acc.z * inv, acc.w * inv);
   if (c == 0) lse[q] = l > 0.f ? m + logf(l) : -INFINITY;
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads)
+merge_kernel(const float* __restrict__ opart, const float* __restrict__ lpart, const int32_t* __restrict__ kv_len,
+             T* __restrict__ o, float* __restrict__ lse, Params p) {
+  wait_for_prior_grid();
+  const int r = int(blockIdx.x) * kMergeRows<D> + int(threadIdx.x) / (D / 4);
+  merge_row<T, D>(opart, lpart, kv_len[blockIdx.z], o, lse, p, int(blockIdx.z), int(blockIdx.y), r);
 }
 
 // ---- the launch --------------------------------------------------------------------------------
@@ -138,21 +171,35 @@ template <class T, int D>
 using SplitKernel = void (*)(const T*, const T*, const T*, const int32_t*, const int32_t*, T*, float*, float*,
                              float*, Params);
 
-// The split pass with `smem` bytes of dynamic shared memory, then (splits > 1) the merge, both on
-// a.stream. The workspace holds the pieces' outputs, then their log-sum-exps.
+// A different tag for every call: v3_last_merges counts a call's pieces only in a counter that
+// holds its tag, so a workspace may hold anything when it is first used (never 0: the counters'
+// reset value).
+inline unsigned long long next_call_tag() {
+  static std::atomic<unsigned long long> calls{0};
+  return calls.fetch_add(1, std::memory_order_relaxed) % ((1ull << 40) - 1) + 1;
+}
+
+// The split pass with `smem` bytes of dynamic shared memory, then (splits > 1 and `merge`) the
+// merge, both on a.stream. The workspace holds the pieces' outputs, then their log-sum-exps, then
+// (8-byte aligned) the counters.
 template <class T, int D>
-void launch(SplitKernel<T, D> kernel, std::size_t smem, const DecodeShape& s, const DecodeArgs& a) {
-  const Params p(s, a.splits);
+void launch(SplitKernel<T, D> kernel, std::size_t smem, const DecodeShape& s, const DecodeArgs& a, bool merge = true) {
+  Params p(s, a.splits);
   const cudaStream_t stream = as_stream(a.stream);
   float* opart = static_cast<float*>(a.workspace);
   float* lpart = opart ? opart + s.batch * s.kv_heads * a.splits * s.rows() * D : nullptr;
+  if (opart) {
+    const std::size_t parts = std::size_t(s.batch * s.kv_heads * a.splits * s.rows()) * std::size_t(D + 1) * sizeof(float);
+    p.counters = reinterpret_cast<unsigned long long*>(static_cast<char*>(a.workspace) + (parts + 7) / 8 * 8);
+    p.tag = next_call_tag();
+  }
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned(a.splits), unsigned(s.kv_heads * p.row_tiles), unsigned(s.batch));
   kernel<<<grid, kThreads, smem, stream>>>(static_cast<const T*>(a.q), static_cast<const T*>(a.k),
                                            static_cast<const T*>(a.v), a.page_table, a.kv_len, static_cast<T*>(a.o),
                                            a.lse, opart, lpart, p);
   FL_CUDA_CHECK_LAUNCH();
-  if (a.splits > 1) {
+  if (a.splits > 1 && merge) {
     // The merge, launched with programmatic stream serialization where the GPU has it (sm_90 on):
     // its launch and its blocks' start overlap the split pass's last blocks, and merge_kernel's
     // first instruction waits for the pass to be done. A short call (one sequence, a few thousand

@@ -25,8 +25,16 @@ __global__ void __launch_bounds__(256) stream_read_kernel(const uint4* __restric
     const uint4 a = data[i];
     x ^= a.x ^ a.y ^ a.z ^ a.w;
   }
+  // One atomic a block, not a warp: thousands of atomics on one address queue up at L2 one after
+  // another, microseconds that a short read would count as its own.
+  __shared__ unsigned warps[256 / 32];
   for (int off = 16; off > 0; off /= 2) x ^= __shfl_xor_sync(0xffffffffu, x, off);
-  if (threadIdx.x % 32 == 0) atomicXor(sink, x);
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = x;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < 256 / 32; ++w) x ^= warps[w];
+    atomicXor(sink, x);
+  }
 }
 
 }  // namespace
