@@ -501,9 +501,9 @@ TEST(DecodingGpu, VersionsGiveV1sBitsOnAContiguousCache) {
   }
 }
 
-// v3_last_merges counts finished pieces in the workspace. Whatever the workspace held before the
-// first call (zeros, every byte 0xff, every byte 0x01) and however many calls reuse it, every call
-// gives v1's bits, an empty sequence among them.
+// The workspace's contract (workspace_bytes): whatever it held before the first call (zeros,
+// every byte 0xff, every byte 0x01) and however many calls reuse it, every call gives v1's bits,
+// an empty sequence among them.
 TEST(DecodingGpu, AnyWorkspaceAndRepeatedCallsGiveV1sBits) {
   FOR_EACH_KERNEL(k) {
     const decoding::Kernel& v1 = decoding::kernels().front();

@@ -9,7 +9,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -35,10 +34,6 @@ struct Params {
   int64_t granule;                          // pieces start on multiples of it (DecodeShape::granule)
   float scale_log2;                         // softmax scale × log2 e
   bool causal;
-  // Set by launch: where the workspace keeps a counter per (sequence, KV head, row tile) of the
-  // pieces that have finished, and this call's tag for them (v3_last_merges; workspace_bytes).
-  unsigned long long* counters = nullptr;
-  unsigned long long tag = 0;
 
   Params(const DecodeShape& s, int n_splits)
       : heads(int(s.heads)), kv_heads(int(s.kv_heads)), group(int(s.group())), seq_q(int(s.seq_q)),
@@ -64,10 +59,6 @@ struct Params {
   // Where piece `piece` of (b, kvh) keeps its rows in the workspace: row (…)·R + r, D floats each.
   __device__ int64_t part_row0(int b, int kvh, int piece) const {
     return ((int64_t(b) * kv_heads + kvh) * splits + piece) * rows;
-  }
-  // The counter of (sequence b, KV head kvh, row tile t).
-  __device__ unsigned long long* counter(int b, int kvh, int t) const {
-    return counters + (int64_t(b) * kv_heads + kvh) * row_tiles + t;
   }
 };
 
@@ -104,8 +95,7 @@ __device__ inline void allow_dependent_launch() {
 
 // Packed row r of (sequence b, KV head kvh), of a sequence of len keys, by a group of D/4 lanes
 // (lane threadIdx.x % (D/4)); a group past the last row (r ≥ R) stores nothing. The pieces'
-// outputs are read through L2 (ld.global.cg): another SM wrote them, in this grid (v3) or the one
-// before.
+// outputs are read through L2 (ld.global.cg): the grid before wrote them on other SMs.
 template <class T, int D>
 __device__ __forceinline__ void merge_row(const float* __restrict__ opart, const float* __restrict__ lpart, int64_t len,
                                           T* __restrict__ o, float* __restrict__ lse, const Params p, int b, int kvh,
@@ -171,35 +161,21 @@ template <class T, int D>
 using SplitKernel = void (*)(const T*, const T*, const T*, const int32_t*, const int32_t*, T*, float*, float*,
                              float*, Params);
 
-// A different tag for every call: v3_last_merges counts a call's pieces only in a counter that
-// holds its tag, so a workspace may hold anything when it is first used (never 0: the counters'
-// reset value).
-inline unsigned long long next_call_tag() {
-  static std::atomic<unsigned long long> calls{0};
-  return calls.fetch_add(1, std::memory_order_relaxed) % ((1ull << 40) - 1) + 1;
-}
-
-// The split pass with `smem` bytes of dynamic shared memory, then (splits > 1 and `merge`) the
-// merge, both on a.stream. The workspace holds the pieces' outputs, then their log-sum-exps, then
-// (8-byte aligned) the counters.
+// The split pass with `smem` bytes of dynamic shared memory, then (splits > 1) the merge, both on
+// a.stream. The workspace holds the pieces' outputs, then their log-sum-exps.
 template <class T, int D>
-void launch(SplitKernel<T, D> kernel, std::size_t smem, const DecodeShape& s, const DecodeArgs& a, bool merge = true) {
-  Params p(s, a.splits);
+void launch(SplitKernel<T, D> kernel, std::size_t smem, const DecodeShape& s, const DecodeArgs& a) {
+  const Params p(s, a.splits);
   const cudaStream_t stream = as_stream(a.stream);
   float* opart = static_cast<float*>(a.workspace);
   float* lpart = opart ? opart + s.batch * s.kv_heads * a.splits * s.rows() * D : nullptr;
-  if (opart) {
-    const std::size_t parts = std::size_t(s.batch * s.kv_heads * a.splits * s.rows()) * std::size_t(D + 1) * sizeof(float);
-    p.counters = reinterpret_cast<unsigned long long*>(static_cast<char*>(a.workspace) + (parts + 7) / 8 * 8);
-    p.tag = next_call_tag();
-  }
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   const dim3 grid(unsigned(a.splits), unsigned(s.kv_heads * p.row_tiles), unsigned(s.batch));
   kernel<<<grid, kThreads, smem, stream>>>(static_cast<const T*>(a.q), static_cast<const T*>(a.k),
                                            static_cast<const T*>(a.v), a.page_table, a.kv_len, static_cast<T*>(a.o),
                                            a.lse, opart, lpart, p);
   FL_CUDA_CHECK_LAUNCH();
-  if (a.splits > 1 && merge) {
+  if (a.splits > 1) {
     // The merge, launched with programmatic stream serialization where the GPU has it (sm_90 on):
     // its launch and its blocks' start overlap the split pass's last blocks, and merge_kernel's
     // first instruction waits for the pass to be done. A short call (one sequence, a few thousand

@@ -203,9 +203,7 @@ int64_t active_pieces(const DecodeShape& s, int64_t len, int splits) {
 
 std::size_t workspace_bytes(const DecodeShape& s, int splits) {
   if (splits <= 1) return 0;
-  const std::size_t parts = std::size_t(s.batch * s.kv_heads * splits * s.rows()) * std::size_t(s.head_dim + 1) * sizeof(float);
-  const std::size_t tiles = std::size_t(s.batch * s.kv_heads * ((s.rows() + 15) / 16));
-  return (parts + 7) / 8 * 8 + tiles * sizeof(uint64_t);  // then a counter per (sequence, KV head, row tile)
+  return std::size_t(s.batch * s.kv_heads * splits * s.rows()) * std::size_t(s.head_dim + 1) * sizeof(float);
 }
 
 IoModel io_model(const DecodeShape& s, DType t, const std::vector<int32_t>& kv_len, int splits) {

@@ -97,11 +97,9 @@ int64_t piece_keys(const DecodeShape& s, int64_t len, int splits);
 int64_t active_pieces(const DecodeShape& s, int64_t len, int splits);  // ⌈len / piece_keys⌉, 0 if len = 0
 
 // Device memory the pieces' outputs need: for splits > 1, an fp32 output row and an fp32
-// log-sum-exp per (sequence, KV head, piece, packed row), then (8-byte aligned) a 64-bit counter
-// per (sequence, KV head, tile of 16 packed rows) that v3_last_merges counts finished pieces in;
-// nothing for splits = 1, where the one piece writes O and lse itself. The workspace may hold
-// anything before a call (the counters carry a tag of their call) and must not be shared by two
-// calls in flight at once.
+// log-sum-exp per (sequence, KV head, piece, packed row); nothing for splits = 1, where the one
+// piece writes O and lse itself. The workspace may hold anything before a call (every value the
+// merge reads, a piece wrote first) and must not be shared by two calls in flight at once.
 std::size_t workspace_bytes(const DecodeShape& s, int splits);
 
 // The bytes the algorithm moves, by closed form (docs/10_decoding.md): per (sequence, KV head), Q's
