@@ -23,7 +23,7 @@ read once per KV head, whatever a kernel really reads), and set against what thi
          and v repeated to H heads where a backend refuses that (and they fit); causal through
          torch.nn.attention.bias.causal_lower_right (bottom-right, as the ladder's contract).
          A refusal is a row with ms null and the reason.
-     Each row: ms (median, L2 flushed before every call by reading a 256 MiB buffer), GBps =
+     Each row: ms (median; before every call a 256 MiB buffer read and a ~1 ms spin), GBps =
      kv_bytes / time, frac_stream_read = GBps / the stream-read ceiling of this run,
      frac_same_size_read = GBps / fl_stream_read's GB/s over as many bytes as K and V (up to 2 GiB,
      timed for the cell: what one call of that size can reach, its fixed cost included),
@@ -570,10 +570,11 @@ def parse_args(argv):
                          "fl_decode_choose_splits picks (rows of kind decode_splits), e.g. 1,2,4,8,16,33,66")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--flush", choices=("clean", "dirty"), default="clean",
-                    help="how L2 is evicted before each timed call: clean (read a 256 MiB buffer; the "
-                         "default) or dirty (write it, as runs before 2026-11-24 did: the call then "
-                         "pays for writing L2's modified lines back)")
+    ap.add_argument("--flush", choices=("ahead", "clean", "dirty"), default="ahead",
+                    help="what runs before each timed call (compare_torch.Timer.flush): ahead (read a "
+                         "256 MiB buffer, then a spin of about a millisecond; the default), clean (the "
+                         "read alone) or dirty (write the buffer, as runs before 2026-11-24 did: the call "
+                         "then pays for writing L2's modified lines back)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every row to this file (a JSON list), rewritten after every cell")
     ap.add_argument("--time-limit", type=float, default=0,

@@ -33,10 +33,13 @@ allocator and the same clock. For every shape and dtype it
 TFLOP/s by shared/anchors.md: the forward 4·B·H·Nq·Nk·d (half when causal), the backward 2.5×
 that, forward+backward 3.5×.
 
-Timing: CUDA events around one call, a 256 MiB buffer read before every call (outside the timed
-region) so L2 holds nothing useful, warm-up first, median of the repetitions. The buffer is read,
-not written (--flush clean): written, it left L2 full of modified lines, and the timed call paid
-for writing them back to HBM, about 10 us on an H100 (runs before 2026-11-24 did that). With --sustained S,
+Timing: CUDA events around one call, warm-up first, median of the repetitions. Before every call,
+outside the timed region, a 256 MiB buffer is read so that L2 holds nothing useful, then a spin
+kernel keeps the GPU busy for about a millisecond so that the host has queued the whole call
+before the GPU reaches the start event (--flush ahead). Runs before 2026-11-24 wrote the buffer
+instead (--flush dirty), and so timed two things besides the GPU's work: the write-back of the
+modified lines that left in L2 (about 10 us on an H100) and, where the host took longer to queue
+a call than the GPU took to write the buffer (SDPA's backward through autograd), the GPU idle. With --sustained S,
 instead: S seconds of back-to-back calls first, then five stretches of about S/5 seconds each timed
 as a whole (no flush, no synchronisation between calls), the median stretch's time per call: the
 clock and power state of a long run, where a GPU at its power limit runs slower than in short
@@ -93,7 +96,8 @@ FL_BACKWARD_DETERMINISTIC = 1  # fl_backward_ex flags, capi/flash_ladder.h
 TOLERANCE = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 2e-2}
 SDPA_BACKENDS = ["flash", "cudnn", "efficient", "math"]
 FLUSH_BYTES = 256 << 20
-FLUSH_MODES = ("dirty", "clean")  # how Timer evicts L2 before a timed call (Timer.flush)
+FLUSH_MODES = ("ahead", "clean", "dirty")  # what Timer does before a timed call (Timer.flush)
+AHEAD_CYCLES = 2_000_000  # the "ahead" mode's GPU spin: about a millisecond at an H100's clocks
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -476,7 +480,7 @@ def error_stats(out, ref) -> dict:
 
 class Timer:
     def __init__(self, device: str, warmup: int, reps: int, budget_s: float, sustained_s: float = 0.0,
-                 flush: str = "clean"):
+                 flush: str = "ahead"):
         self.device, self.warmup, self.reps, self.budget_s = device, warmup, reps, budget_s
         self.sustained_s = sustained_s if device == "cuda" else 0.0
         if flush not in FLUSH_MODES:
@@ -486,13 +490,19 @@ class Timer:
                           if device == "cuda" else None)
 
     def flush(self) -> None:
-        """Evict L2 before a timed call (not timed). "dirty" writes the buffer, which leaves L2
-        full of modified lines that the timed call's own reads must first write back to HBM;
-        "clean" reads it, which leaves L2 full of unmodified lines the call can simply drop."""
+        """Before a timed call, outside the timed region. "dirty" writes the buffer, which evicts
+        L2 but leaves it full of modified lines that the timed call's own reads must first write
+        back to HBM; "clean" reads it, which leaves L2 full of unmodified lines the call can simply
+        drop; "ahead" (the default) reads it and then keeps the GPU busy for about a millisecond
+        (a spin kernel), so that the host has queued the whole timed call before the GPU reaches
+        the start event: the events then time the GPU's work, not the host's (SDPA's backward
+        through autograd takes the host long enough to leave the GPU idle inside the timed region)."""
         if self.flush_mode == "dirty":
             self.flush_buf.zero_()
         else:
             self.flush_buf.sum(dtype=torch.int32)
+            if self.flush_mode == "ahead":
+                torch.cuda._sleep(AHEAD_CYCLES)
 
     def sustained(self, fn) -> tuple[float, int]:
         """Milliseconds per call of fn() under sustained load (--sustained): calls back to back for
@@ -1240,9 +1250,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=2.0,
                     help="stop timing a kernel after this many seconds (at least 3 calls)")
-    ap.add_argument("--flush", choices=FLUSH_MODES, default="clean",
-                    help="how L2 is evicted before each timed call: clean (read a 256 MiB buffer; the "
-                         "default) or dirty (write it, as runs before 2026-11-24 did; see Timer.flush)")
+    ap.add_argument("--flush", choices=FLUSH_MODES, default="ahead",
+                    help="what runs before each timed call: ahead (read a 256 MiB buffer, then keep the GPU "
+                         "busy for about a millisecond so the host has queued the call; the default), clean "
+                         "(the read alone) or dirty (write the buffer, as runs before 2026-11-24 did); see "
+                         "Timer.flush"),
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
                     help="time under sustained load: S seconds of back-to-back calls, then five timed "
                          "stretches of S/5 seconds (no L2 flush); 0 (default): short bursts as above")
