@@ -765,7 +765,9 @@ def decode_part(rows: list[dict], figure: str | None) -> str:
     out = ["Measured on %s, %s (`python3 bench/compare_decode.py --json torch.json`): a streaming read "
            "reaches %s GB/s and a device-to-device copy moves %s GB/s (reads and writes). GB/s below "
            "counts the bytes of K and V once per KV head, the same for every kernel; \"of read\" is that "
-           "over the streaming read, \"x SDPA\" the faster of flash's and cuDNN's time over the kernel's "
+           "over the streaming read, \"of same\" over a streaming read of as many bytes as the cell's K and "
+           "V (up to 2 GiB; what one call that reads that much reaches, its fixed cost included), "
+           "\"x SDPA\" the faster of flash's and cuDNN's time over the kernel's "
            "(above 1: faster)." % (device, newest, sig3(read), sig3(copy)), ""]
     notes = Notes()
     body = []
@@ -776,7 +778,7 @@ def decode_part(rows: list[dict], figure: str | None) -> str:
         lead = [r.get("shape", "?"), r.get("dtype", "?"), name]
         if r.get("ms") is None:
             why = r.get("skip") or r.get("error") or "not measured"
-            body.append(lead + ["-"] * 6 + [("skipped" if r.get("skip") else "ERROR") + notes.ref(why)])
+            body.append(lead + ["-"] * 7 + [("skipped" if r.get("skip") else "ERROR") + notes.ref(why)])
             continue
         frac = r.get("frac_stream_read")
         check = "PASS" if r.get("passed") else ("-" if r.get("passed") is None else "FAIL")
@@ -784,10 +786,11 @@ def decode_part(rows: list[dict], figure: str | None) -> str:
             check += ", same bits" if r["paged_same_bits"] else ", other bits"
         body.append(lead + [str(r["splits"]) if r.get("splits") else "-", sig3(r["ms"] * 1e3), sig3(r.get("GBps")),
                             "%.0f%%" % (100 * frac) if frac is not None else "-",
+                            "%.0f%%" % (100 * r["frac_same_size_read"]) if r.get("frac_same_size_read") else "-",
                             "%.2f" % r["ratio_to_best_sdpa"] if r.get("ratio_to_best_sdpa") else "-",
                             sci(r.get("rel_err")), check])
-    out += table(["cell", "dtype", "kernel", "splits", "time (us)", "GB/s", "of read", "x SDPA", "rel err O",
-                  "check"], body, [False, False, False, True, True, True, True, True, True, False])
+    out += table(["cell", "dtype", "kernel", "splits", "time (us)", "GB/s", "of read", "of same", "x SDPA",
+                  "rel err O", "check"], body, [False, False, False, True, True, True, True, True, True, True, False])
     out += notes.lines()
     if figure:
         out += ["", "![Bandwidth against KV length](%s)" % figure]
