@@ -500,7 +500,9 @@ class Timer:
         if self.flush_mode == "dirty":
             self.flush_buf.zero_()
         else:
-            self.flush_buf.sum(dtype=torch.int32)
+            # Viewed as int32 and summed as int32: summing the uint8 buffer into an int32 would
+            # first convert all of it (a 1 GiB temporary, written then read).
+            self.flush_buf.view(torch.int32).sum(dtype=torch.int32)
             if self.flush_mode == "ahead":
                 torch.cuda._sleep(AHEAD_CYCLES)
 
@@ -1254,7 +1256,7 @@ def main(argv=None) -> int:
                     help="what runs before each timed call: ahead (read a 256 MiB buffer, then keep the GPU "
                          "busy for about a millisecond so the host has queued the call; the default), clean "
                          "(the read alone) or dirty (write the buffer, as runs before 2026-11-24 did); see "
-                         "Timer.flush"),
+                         "Timer.flush")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
                     help="time under sustained load: S seconds of back-to-back calls, then five timed "
                          "stretches of S/5 seconds (no L2 flush); 0 (default): short bursts as above")

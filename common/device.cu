@@ -191,16 +191,18 @@ __global__ void spin(long long cycles) {
 // Then a spin of about 0.2 ms keeps the GPU busy while the host queues the timed call, so that
 // the events around it time the GPU's work, not the host's.
 void flush_l2() {
-  static DeviceBuffer scratch;
-  if (!scratch.get()) {
+  static DeviceBuffer scratch, sink;
+  static bool filled = false;  // set only once the memset has succeeded
+  if (!filled) {
     int l2 = 0;
     FL_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-    scratch = DeviceBuffer(std::size_t(std::max(l2, 1 << 20)) * 2);
+    if (!scratch.get()) scratch = DeviceBuffer(std::size_t(std::max(l2, 1 << 20)) * 2);
+    if (!sink.get()) sink = DeviceBuffer(16);
     FL_CUDA_CHECK(cudaMemset(scratch.get(), 0x5a, scratch.size()));  // once; the reads below clean L2
+    filled = true;
   }
-  const std::size_t words = scratch.size() / 16;
-  read_all<<<unsigned(sm_count() * 4), 256>>>(static_cast<const uint4*>(scratch.get()), words,
-                                              static_cast<unsigned*>(scratch.get()));
+  read_all<<<unsigned(sm_count() * 4), 256>>>(static_cast<const uint4*>(scratch.get()), scratch.size() / 16,
+                                              static_cast<unsigned*>(sink.get()));
   FL_CUDA_CHECK_LAUNCH();
   spin<<<1, 32>>>(400000);
   FL_CUDA_CHECK_LAUNCH();

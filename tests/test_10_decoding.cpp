@@ -503,14 +503,16 @@ TEST(DecodingGpu, VersionsGiveV1sBitsOnAContiguousCache) {
 
 // The workspace's contract (workspace_bytes): whatever it held before the first call (zeros,
 // every byte 0xff, every byte 0x01) and however many calls reuse it, every call gives v1's bits,
-// an empty sequence among them.
+// an empty sequence among them; with 7 pieces, and with 40 (the merge's chunks of 16: 16 + 16 + 8).
 TEST(DecodingGpu, AnyWorkspaceAndRepeatedCallsGiveV1sBits) {
   FOR_EACH_KERNEL(k) {
     const decoding::Kernel& v1 = decoding::kernels().front();
     const Problem p = make_problem(8, 2, 4, 128, true, {777, 5000, 0, 64}, DType::BF16, base_seed() + 1500);
-    const Result ref = run(p, 0, 7, &v1);
-    for (int fill : {0x00, 0xff, 0x01})
-      EXPECT_TRUE(same_bits(ref, run(p, 0, 7, &k, fill, 3))) << k.name << " fill=" << fill;
+    for (int splits : {7, 40}) {
+      const Result ref = run(p, 0, splits, &v1);
+      for (int fill : {0x00, 0xff, 0x01})
+        EXPECT_TRUE(same_bits(ref, run(p, 0, splits, &k, fill, 3))) << k.name << " fill=" << fill << " splits=" << splits;
+    }
   }
 }
 

@@ -42,17 +42,19 @@ struct Params {
         granule(s.granule()), scale_log2(s.softmax_scale() * kLog2e), causal(s.causal) {}
 
   // Keys in each piece of a sequence of `len` keys: piece_keys of decoding.cpp, on the device.
-  // In 32-bit unsigned arithmetic, which nothing here can wrap (len < 2³¹: kv_len is int32; the
-  // granule is at most 2³⁰): a 64-bit division is a subroutine call, and in merge_kernel its
-  // calling convention made ptxas spill.
+  // In 32-bit unsigned arithmetic (a 64-bit division is a subroutine call, and in merge_kernel its
+  // calling convention made ptxas spill). len < 2³¹ (kv_len is int32) and the granule, the least
+  // common multiple of 64 and a page of at most 2³⁰ keys, is below 2³²: per + g − 1 wraps only
+  // when g > per, and then the quotient is 0 and the answer g, as it should be.
   __device__ int64_t piece_keys(int64_t len) const {
     const uint32_t g = uint32_t(granule), per = (uint32_t(len) + uint32_t(splits) - 1) / uint32_t(splits);
     return int64_t(max(g, (per + g - 1) / g * g));
   }
-  // The pieces that hold keys of a sequence of len keys: ⌈len / piece_keys⌉, 0 when len = 0.
+  // The pieces that hold keys of a sequence of len keys: ⌈len / piece_keys⌉ (written so that it
+  // cannot wrap), 0 when len = 0.
   __device__ int pieces(int64_t len) const {
     const uint32_t chunk = uint32_t(piece_keys(len));
-    return int((uint32_t(len) + chunk - 1) / chunk);
+    return len > 0 ? int((uint32_t(len) - 1) / chunk + 1) : 0;
   }
   // The first of the Nq·G packed rows of (sequence b, KV head kvh) among Q's [B·H·Nq] rows.
   __device__ int64_t q_row0(int b, int kvh) const { return (int64_t(b) * heads + int64_t(kvh) * group) * seq_q; }
