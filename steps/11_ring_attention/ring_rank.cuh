@@ -9,7 +9,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "cuda_check.cuh"
@@ -56,6 +59,46 @@ inline void copy_rows(void* dst, int64_t n_dst, int64_t to, const void* src, int
                                   static_cast<const char*>(src) + from * row_bytes, n_src * row_bytes,
                                   count * row_bytes, groups, cudaMemcpyDeviceToDevice, st));
 }
+
+// Where one rank's call spends its time, when the environment asks for it (FL_RING_PHASES=1): at
+// each mark the rank's stream is drained and the wall time since the mark before noted; when the
+// clock goes out of scope (declare it before the rank's buffers, so that their release counts in
+// the last part) one line goes to stderr. Without the variable it does nothing: no
+// synchronisation, no output, a normal call's timing untouched.
+class PhaseClock {
+ public:
+  explicit PhaseClock(cudaStream_t st) : st_(st), on_(std::getenv("FL_RING_PHASES") != nullptr) {
+    if (on_) t0_ = last_ = Clock::now();
+  }
+  PhaseClock(const PhaseClock&) = delete;
+  PhaseClock& operator=(const PhaseClock&) = delete;
+  int rank = -1;  // for the line; the caller sets it once it knows
+  void mark(const std::string& phase) {
+    if (!on_) return;
+    cudaStreamSynchronize(st_);  // a failure here surfaces in the call's own checks
+    const Clock::time_point t = Clock::now();
+    line_ += (line_.empty() ? "" : ", ") + phase + " " + ms(last_, t);
+    last_ = t;
+  }
+  ~PhaseClock() {
+    if (!on_) return;
+    const Clock::time_point t = Clock::now();
+    std::fprintf(stderr, "ring rank %d: %s, the rest (buffers freed) %s; in all %s ms\n", rank, line_.c_str(),
+                 ms(last_, t).c_str(), ms(t0_, t).c_str());
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static std::string ms(Clock::time_point a, Clock::time_point b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3f", std::chrono::duration<double, std::milli>(b - a).count());
+    return buf;
+  }
+  cudaStream_t st_;
+  bool on_;
+  Clock::time_point t0_, last_;
+  std::string line_;
+};
 
 // Device memory one rank holds (RankState's buffers), for a check before any of it is taken.
 inline std::size_t rank_bytes(const RingShape& s, DType t) {

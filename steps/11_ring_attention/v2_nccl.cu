@@ -69,11 +69,13 @@ template <class T>
 void run(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o, float* lse,
          ncclComm_t comm, cudaStream_t st) {
   std::string local_error;
-  std::unique_ptr<RankState<T>> R;
   int me = 0;
+  PhaseClock clock(st);  // FL_RING_PHASES=1: where the call's time goes (ring_rank.cuh)
+  std::unique_ptr<RankState<T>> R;
   try {
     check_gpu_call(s, t, {q, k, v, o, lse});
     nccl_check(ncclCommUserRank(comm, &me), "ncclCommUserRank");
+    clock.rank = me;
     int dev = -1, mine = -2;
     nccl_check(ncclCommCuDevice(comm, &dev), "ncclCommCuDevice");
     FL_CUDA_CHECK(cudaGetDevice(&mine));
@@ -98,7 +100,9 @@ void run(const RingShape& s, DType t, const void* q, const void* k, const void* 
   } catch (...) {
     local_error = "an unknown error before the ring started";
   }
+  clock.mark("set-up");
   agree_or_throw(s, t, local_error, comm, st);
+  clock.mark("agreement");
 
   const int P = int(s.ranks);
   std::string failed;  // a step's error, said once the ring is done
@@ -110,6 +114,7 @@ void run(const RingShape& s, DType t, const void* q, const void* k, const void* 
         failed = e.what();
       }
     }
+    clock.mark("step " + std::to_string(step));
     if (step + 1 == P) break;
     ncclResult_t r = ncclGroupStart();
     if (r == ncclSuccess) {  // the group is always closed, whatever its calls returned
@@ -120,9 +125,11 @@ void run(const RingShape& s, DType t, const void* q, const void* k, const void* 
     }
     nccl_check(r, "the step's ncclSend and ncclRecv");
     R->swap();
+    clock.mark("transfer " + std::to_string(step));
   }
   if (failed.empty()) R->store_local(static_cast<T*>(o), lse);
   FL_CUDA_CHECK(cudaStreamSynchronize(st));  // the rank's buffers are freed when this returns
+  clock.mark("store");
   if (!failed.empty()) throw CudaError("rung 11_ring_attention (nccl): rank " + std::to_string(me) + ": " + failed);
 }
 
