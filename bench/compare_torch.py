@@ -1099,7 +1099,7 @@ def run_worker(args) -> int:
             print(f"compare_torch: no GPU ({why or 'torch.cuda.is_available() is False'}); "
                   "--device cpu compares the CPU twins", file=sys.stderr)
             return 2
-    meta = metadata(ladder, args.device, args.flush)
+    meta = metadata(ladder, args.device, None if args.sustained > 0 else args.flush)  # --sustained: no flush
     with open(args.rows_out, "a") as out:
         def emit(r):
             out.write(json.dumps(r) + "\n")
