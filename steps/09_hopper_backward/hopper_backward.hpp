@@ -18,10 +18,10 @@
 //   v6_ranks_first    v5 whose deterministic mode launches its blocks rank by rank in the order of
 //                     turns, across a group of heads that fills the GPU, so that the blocks' stagger
 //                     carries over from one group to the next.
-//   v7_early_dv       v6 with dV's product issued as soon as Pᵀ is known, so that it runs while
-//                     dSᵀ is computed instead of beside dK after it.
-//   v8_tma_loads      v7 whose Q, dO, L and D are loaded by a warp of their own (Q and dO by TMA),
+//   v7_tma_loads      v6 whose Q, dO, L and D are loaded by a warp of their own (Q and dO by TMA),
 //                     not by the warps that multiply.
+//   v8_k_in_place     v7 whose dQ product reads K where it is (MN-major), with no transposed copy;
+//                     the room it took gives d = 128 a second dQ staging tile and writer.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -37,7 +37,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7EarlyDv, V8TmaLoads };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace };
 
 struct VersionInfo {
   Version version;
@@ -65,13 +65,15 @@ inline constexpr VersionInfo kVersions[] = {
      "v5 + the deterministic mode launches its blocks rank by rank across a group of heads that fills the GPU, so "
      "their stagger carries over from one group to the next",
      true},
-    {Version::V7EarlyDv, "09_hopper_backward/v7_early_dv",
-     "v6 + dV's product issued as soon as Pᵀ is known, under the computation of dSᵀ, not beside dK after it", true},
-    {Version::V8TmaLoads, "09_hopper_backward/v8_tma_loads",
-     "v7 + Q, dO, L and D loaded by a warp of their own (Q and dO by TMA), not by the warps that multiply", true},
+    {Version::V7TmaLoads, "09_hopper_backward/v7_tma_loads",
+     "v6 + Q, dO, L and D loaded by a warp of their own (Q and dO by TMA), not by the warps that multiply", true},
+    {Version::V8KInPlace, "09_hopper_backward/v8_k_in_place",
+     "v7 + dQ reads K where it is (an MN-major operand), no transposed copy; the room gives d = 128 a second dQ "
+     "staging tile and writer",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V8TmaLoads) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V8KInPlace) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;

@@ -1,17 +1,20 @@
-// Rung 09, v7_early_dv: v6 with dV_j += Pᵀ dO_i issued as soon as Pᵀ is known, before dSᵀ is
-// computed.
+// Rung 09, v7_tma_loads: v6 whose Q, dO, L and D tiles are loaded by a warp of their own, Q and dO
+// by TMA, instead of by the warps that multiply with cp.async.
 //
-// Why: in v6 a step's five products run in three bursts, and between them the tensor cores of the
-// SM wait, because both warpgroups reach the same points of the step together (they meet at two
-// barriers a step): Sᵀ and dPᵀ, then, after the softmax and dSᵀ = Pᵀ ∘ (dPᵀ − D), dV and dK
-// together, then dQ. dV needs only Pᵀ (in registers) and dO (in shared memory); v6 issued it
-// beside dK, after dSᵀ, so the arithmetic of dSᵀ (its products, the packing, its stores to
-// shared memory) ran with nothing in the tensor pipe but the end of dPᵀ.
+// Why: in v6 every one of the 256 threads that multiply issues a step's loads for the step after
+// it: at d = 128, eight 16-byte cp.async for the Q and dO tiles, with an address computed for
+// each, and one for L and D, then waits for its own copies and fences them for wgmma. Beside
+// cuDNN's backward (appendix 09, Nsight Compute at 4 × 16 × 4096, d = 128) v6 executed 12.5 % more
+// instructions; these loads are part of them. The writer's warpgroup has a warp with nothing to
+// do (three at d = 128).
 //
-// What changed: Pᵀ is packed into A fragments right after the exponentials and dV's wgmma are
-// issued then, as a commit group of their own; the wait for dPᵀ becomes wait<1> (dV may still be
-// running) and dK follows dSᵀ as before. The products, their operands and every addition's order
-// are v6's, so are the bits. Deterministic mode, launch order and dQ's writer are v6's.
+// What changed: the last warp of the writer's warpgroup is the loader (rung 08's v4 idea). For
+// each step, once the step two before it has released the buffer (qempty, one arrival from each
+// thread that multiplies, after its last product of that step), its lane 0 announces the bytes on
+// qfull and issues the TMA copies of the Q and dO tiles (a tensor map of [B·H][Nq][d]: rows past
+// Nq come in as zeros, as cp.async made them); its lanes copy L and D (zeros past Nq) and arrive.
+// The warps that multiply wait on qfull at a step's start instead of on their own copies; they
+// still load K and V once with cp.async. Products, their order and the bits are v6's.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -23,7 +26,7 @@ namespace {
 
 using namespace backward::tc;  // kLog2e, StepMask, BlockTiles, run_kernels
 
-constexpr Version kVersion = Version::V7EarlyDv;
+constexpr Version kVersion = Version::V7TmaLoads;
 
 // ---- constants --------------------------------------------------------------------------------
 
@@ -44,10 +47,13 @@ struct Cfg {
   __device__ static constexpr int at(int r) { return r / 2 * kPairLd + r % 2 * D; }  // row r's first float
   static constexpr int kStages = D == 64 ? 2 : 1;  // staging tiles: two where shared memory has room
   static constexpr int kWriters = kStages;         // a writer warp per staging tile
+  static constexpr int kLoader = 3;                // the warp of the writer's warpgroup that loads
+  static_assert(kWriters <= kLoader, "the loader is not a writer");
   // K, V, Kᵀ; Q, dO twice; dSᵀ; L, D twice; dQ's staging tiles; 1 KB to align the tiles to 1024
-  // bytes; two mbarriers a staging tile.
+  // bytes; two mbarriers a staging tile and two a buffer of Q, dO, L and D.
   static constexpr std::size_t kSmemBytes = std::size_t(3 * BC * D + 4 * BR * D + BC * BR) * 2 +
-                                            (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages;
+                                            (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages +
+                                            16 * 2;
   static_assert(BC == kBc, "the twin's B_c is the kernel's");
 };
 
@@ -96,7 +102,9 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
                       float* __restrict__ dq_acc, T* __restrict__ dk, T* __restrict__ dv, int heads, int group,
                       int64_t nq, int64_t nk, float scale_log2, float scale, bool causal,
                       int* __restrict__ turns,  // [B, H, ceil(Nq / BR)], zeroed: whose turn it is to add to dQ
-                      int group_heads) {        // deterministic: (batch, KV head) pairs launched together
+                      int group_heads,          // deterministic: (batch, KV head) pairs launched together
+                      const __grid_constant__ CUtensorMap tq,     // Q [B·H][Nq][d], boxes of BR rows
+                      const __grid_constant__ CUtensorMap tdo) {  // dO, the same
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace fl::wgmma;
   using C = Cfg<D>;
@@ -118,6 +126,10 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   const uint32_t bars = smem_u32(dQs + C::kStages * C::kTileFloats);
   const auto full = [bars](int sb) { return bars + 16u * sb; };
   const auto empty = [bars](int sb) { return bars + 16u * sb + 8u; };
+  // Buffer buf of Q, dO, L and D: qfull(buf), the loader's copies have landed; qempty(buf), every
+  // thread that multiplies is done with it.
+  const auto qfull = [bars](int buf) { return bars + 16u * (C::kStages + buf); };
+  const auto qempty = [bars](int buf) { return bars + 16u * (C::kStages + buf) + 8u; };
 
   const int wg = threadIdx.x / 128, wr = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const PanelCopy<D, kMma> copy(threadIdx.x);
@@ -144,12 +156,44 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       tma::mbar_init(full(sb), kMma / 32);  // one arrival from each warp that multiplies
       tma::mbar_init(empty(sb), 1);         // the writer's
     }
+    for (int buf = 0; buf < 2; ++buf) {
+      tma::mbar_init(qfull(buf), 32);         // the loader's lanes (lane 0's with the bytes to come)
+      tma::mbar_init(qempty(buf), kMma);       // one arrival from each thread that multiplies
+    }
     tma::mbar_init_fence();
   }
   __syncthreads();  // the mbarriers are initialised, for every thread and for the copy engine
 
-  if (wg == 2) {  // ---- the dQ writers: the warpgroup's first kWriters warps; the others are done ----
+  if (wg == 2) {  // ---- the dQ writers: the warpgroup's first kWriters warps; its last, the loader ----
     setmaxnreg_dec<C::kWriterRegs>();
+    if (wr == C::kLoader) {
+      // Step by step: wait for the buffer, announce its bytes, copy Q and dO by TMA, L and D by
+      // the lanes (zeros past Nq), arrive.
+      const int slice0 = int(b) * heads + int(kvh) * group;  // the group's first query head in [B·H]
+      int h = 0, ib = walk.rot;
+      for (int step = 0; step < steps; ++step) {
+        const int buf = step & 1;
+        if (step >= 2) tma::mbar_wait(qempty(buf), (step / 2 - 1) & 1);
+        const int64_t i0 = walk.i0(ib), row0 = tiles.q_row0(h, ib);
+        if (lane == 0) {
+          tma::mbar_expect_tx(qfull(buf), 2 * BR * D * uint32_t(sizeof(T)));
+#pragma unroll
+          for (int p = 0; p < P; ++p) {
+            tma::load(smem_u32(Qs + buf * BR * D) + p * BR * 128, tq, 64 * p, int(i0), slice0 + h, qfull(buf));
+            tma::load(smem_u32(dOs + buf * BR * D) + p * BR * 128, tdo, 64 * p, int(i0), slice0 + h, qfull(buf));
+          }
+        }
+        const int valid = int(std::min<int64_t>(BR, nq - i0));
+        for (int r = lane; r < BR; r += 32) {
+          Ls[buf * BR + r] = r < valid ? lse[row0 + r] : 0.f;
+          Ds[buf * BR + r] = r < valid ? Dsum[row0 + r] : 0.f;
+        }
+        tma::mbar_arrive(qfull(buf));
+        ib = ib + 1 < walk.n_ib ? ib + 1 : 0;
+        h = ib == walk.rot ? h + 1 : h;
+      }
+      return;
+    }
     if (wr >= C::kWriters) return;
     const int64_t n_qb = ceil_div<int64_t>(nq, BR);
     int* const head_turns = turns + (int64_t(b) * heads + int64_t(kvh) * group) * n_qb;
@@ -198,7 +242,10 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 
   // ---- the two warpgroups that multiply ----
   setmaxnreg_inc<C::kMmaRegs>();
-  tiles.load_first(ks, vs, k, v, nk);
+  const int kv_valid = int(std::min<int64_t>(BC, nk - walk.j0));
+  copy.template load<BC>(ks, k + (tiles.kv_row0 + walk.j0) * D, kv_valid);
+  copy.template load<BC>(vs, v + (tiles.kv_row0 + walk.j0) * D, kv_valid);
+  cp_async_commit();
   cp_async_wait<0>();
   sync_mma();
   // K_jᵀ once: element (n, key) of a D × BC panel tile is K[key][n]. Two keys per 32-bit store.
@@ -207,6 +254,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     const T lo = Ks[panel_at<BC>(key, n) / 2], hi = Ks[panel_at<BC>(key + 1, n) / 2];
     *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(Kt) + panel_at<D>(n, key)) = pack<T>(lo, hi);
   }
+  fence_shared_to_async();  // Kᵀ, for wgmma after the first step's barrier
 
   float dk_acc[P][32] = {}, dv_acc[P][32] = {};  // keys key0 + g (+8) × panel columns 8·(i/4) + 2t + i%2
 
@@ -223,10 +271,8 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   for (int step = 0; step < steps; ++step) {
     const int ib_next = ib + 1 < walk.n_ib ? ib + 1 : 0, h_next = ib_next == walk.rot ? h + 1 : h;
     const int buf = step & 1;
-    cp_async_wait<0>();
-    fence_shared_to_async();
-    sync_mma();  // the step's tiles (and Kᵀ) are in, visible to wgmma; the last step is done
-    tiles.prefetch(step, h_next, ib_next, buf);
+    tma::mbar_wait(qfull(buf), (step / 2) & 1);  // the step's Q, dO, L and D are in
+    sync_mma();  // Kᵀ is written; the last step is done with dSᵀ
     const int64_t i0 = walk.i0(ib);
     const uint32_t bo = buf * tile_bytes;  // the buffer's offset in the Q and dO tiles
     const uint64_t qk = advance(q_k, bo), dok = advance(do_k, bo), qmn = advance(q_mn, bo),
@@ -265,29 +311,12 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[4 * n + e] = fast_exp2(fmaf(st[4 * n + e], scale_log2, -(e % 2 ? ly : lx)));
     }
-    // Pᵀ as A fragments (k-step kk: query rows 16kk..16kk+15), and dV_j += Pᵀ dO_i issued at once:
-    // it runs while dPᵀ finishes and dSᵀ is computed. k-step kk is 2048 bytes into dO_i's tile,
-    // panel pc gives columns 64pc.. .
-    uint32_t ap[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {  // n8 tile 2kk + hf
-        const int n = 2 * kk + hf;
-        ap[kk][2 * hf] = pack<T>(st[4 * n], st[4 * n + 1]);
-        ap[kk][2 * hf + 1] = pack<T>(st[4 * n + 2], st[4 * n + 3]);
-      }
-    fence();
-#pragma unroll
-    for (int pc = 0; pc < P; ++pc)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) rs_n64<T, 1>(dv_acc[pc], ap[kk], advance(domn, pc * BR * 128 + kk * 2048));
-    commit();
-    wait<1>();  // dPᵀ is in; dV may still be running
+    wait<0>();  // dPᵀ is in
     hold(dpt);
 
-    // dSᵀ = Pᵀ ∘ (dPᵀ − D) as A fragments, and to shared memory for dQ.
-    uint32_t as[4][4];
+    // dSᵀ = Pᵀ ∘ (dPᵀ − D); both as A fragments (k-step kk: query rows 16kk..16kk+15), and dSᵀ
+    // to shared memory for dQ.
+    uint32_t ap[4][4], as[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -296,18 +325,24 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
         float s[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[e] = st[4 * n + e] * (dpt[4 * n + e] - (e % 2 ? dd[n].y : dd[n].x));
+        ap[kk][2 * hf] = pack<T>(st[4 * n], st[4 * n + 1]);
+        ap[kk][2 * hf + 1] = pack<T>(st[4 * n + 2], st[4 * n + 3]);
         as[kk][2 * hf] = pack<T>(s[0], s[1]);
         as[kk][2 * hf + 1] = pack<T>(s[2], s[3]);
         *reinterpret_cast<uint32_t*>(dSs + swz<BR>(key0 + g, 8 * n + 2 * t)) = as[kk][2 * hf];
         *reinterpret_cast<uint32_t*>(dSs + swz<BR>(key0 + g + 8, 8 * n + 2 * t)) = as[kk][2 * hf + 1];
       }
 
-    // dK_j += dSᵀ Q_i, laid out as dV's product.
+    // dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i: k-step kk is query rows 16kk.., 2048 bytes into the tile;
+    // panel pc of dO_i (Q_i) gives columns 64pc.. .
     fence();
 #pragma unroll
     for (int pc = 0; pc < P; ++pc)
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) rs_n64<T, 1>(dk_acc[pc], as[kk], advance(qmn, pc * BR * 128 + kk * 2048));
+      for (int kk = 0; kk < 4; ++kk) {
+        rs_n64<T, 1>(dv_acc[pc], ap[kk], advance(domn, pc * BR * 128 + kk * 2048));
+        rs_n64<T, 1>(dk_acc[pc], as[kk], advance(qmn, pc * BR * 128 + kk * 2048));
+      }
     commit();
     fence_shared_to_async();
     sync_mma();  // all of dSᵀ is in shared memory, visible to wgmma
@@ -329,6 +364,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 #pragma unroll
     for (int pc = 0; pc < P; ++pc) hold(dv_acc[pc]), hold(dk_acc[pc]);
     hold(dq);
+    tma::mbar_arrive(qempty(buf));  // this thread is done with the step's Q, dO, L and D
     // Once the writer has read the tile this step reuses (kStages steps ago), element i of dq goes
     // to its row 16·wr + g + 8·((i/2) % 2), column (D/2)·wg + 8·(i/4) + 2t + i%2.
     const int sb = step % C::kStages;  // the staging tile
@@ -371,9 +407,12 @@ struct Launch {
   template <class T, int D>
   static void run(Version, const AttentionShape& s, const BackwardArgs& a) {
     int* turns = reinterpret_cast<int*>(static_cast<unsigned char*>(a.workspace) + turn_offset(s));
+    const DType t = std::is_same_v<T, __half> ? DType::F16 : DType::BF16;
+    const CUtensorMap tq = tma::make_tensor_map(a.q, t, s.batch * s.heads, s.seq_q, D, Cfg<D>::BR);
+    const CUtensorMap tdo = tma::make_tensor_map(a.dout, t, s.batch * s.heads, s.seq_q, D, Cfg<D>::BR);
     if (!a.deterministic) {
       run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, false>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes,
-                        turns, 1);
+                        turns, 1, tq, tdo);
       return;
     }
     FL_CUDA_CHECK(cudaMemsetAsync(turns, 0, workspace_bytes(s) - turn_offset(s), as_stream(a.stream)));
@@ -381,7 +420,7 @@ struct Launch {
     const int sms = gpu::sm_count();
     const int group_heads = int(std::max<int64_t>(1, sms / ceil_div<int64_t>(s.seq_k, Cfg<D>::BC)));
     run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, true>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes, turns,
-                      group_heads);
+                      group_heads, tq, tdo);
   }
 };
 

@@ -1,20 +1,19 @@
-// Rung 09, v8_tma_loads: v7 whose Q, dO, L and D tiles are loaded by a warp of their own, Q and dO
-// by TMA, instead of by the warps that multiply with cp.async.
+// Rung 09, v8_k_in_place: v7 whose dQ product reads K_j where it already is, as an MN-major
+// operand, instead of from a transposed copy; the 16 or 32 KB the copy took give d = 128 the second
+// staging tile and writer warp that d = 64 has had since v5.
 //
-// Why: in v7 every one of the 256 threads that multiply issues a step's loads for the step after
-// it: at d = 128, eight 16-byte cp.async for the Q and dO tiles, with an address computed for
-// each, and one for L and D, then waits for its own copies and fences them for wgmma. Beside
-// cuDNN's backward (appendix 09, Nsight Compute at 4 × 16 × 4096, d = 128) v6 executed 12.5 % more
-// instructions; these loads are part of them. The writer's warpgroup has a warp with nothing to
-// do (three at d = 128).
+// Why: dQ_i = dS K_j needs K_j as B with the keys as its reduction dimension. v1–v7 wrote K_jᵀ
+// into shared memory once per block so that B could be read K-major, as Sᵀ's operands are. But
+// wgmma reads a 16-bit B in either order (the transpose flag), and dK's product already reads Q_i
+// that way: K_j's tile, keys as rows and d contiguous, is that same layout. Without the copy, at
+// d = 128 shared memory has room for a second dQ staging tile (v5's idea), which d = 128 could not
+// afford: with one tile the warps that multiply wait, every step, for the writer to have read the
+// last step's share, and in the deterministic mode for its turn to have come.
 //
-// What changed: the last warp of the writer's warpgroup is the loader (rung 08's v4 idea). For
-// each step, once the step two before it has released the buffer (qempty, one arrival from each
-// warp that multiplies, after its last product of that step), its lane 0 announces the bytes on
-// qfull and issues the TMA copies of the Q and dO tiles (a tensor map of [B·H][Nq][d]: rows past
-// Nq come in as zeros, as cp.async made them); its lanes copy L and D (zeros past Nq) and arrive.
-// The warps that multiply wait on qfull at a step's start instead of on their own copies; they
-// still load K and V once with cp.async. Products, their order and the bits are v7's.
+// What changed: no Kᵀ (its buffer, its transposition before the loop, its descriptor); dQ's B is
+// K's tile through an MN-major descriptor (warpgroup wg's columns (D/2)·wg.. are panel wg at
+// d = 128, 64 bytes into panel 0 at d = 64; k-step kk is 16 keys, 2048 bytes on). Two staging
+// tiles and two writers at both head dims. The additions and their order are v7's, so the bits.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -26,7 +25,7 @@ namespace {
 
 using namespace backward::tc;  // kLog2e, StepMask, BlockTiles, run_kernels
 
-constexpr Version kVersion = Version::V8TmaLoads;
+constexpr Version kVersion = Version::V8KInPlace;
 
 // ---- constants --------------------------------------------------------------------------------
 
@@ -45,13 +44,13 @@ struct Cfg {
   // four different groups of 8 banks.
   static constexpr int kPairLd = 2 * D + 8, kTileFloats = BR / 2 * kPairLd;
   __device__ static constexpr int at(int r) { return r / 2 * kPairLd + r % 2 * D; }  // row r's first float
-  static constexpr int kStages = D == 64 ? 2 : 1;  // staging tiles: two where shared memory has room
+  static constexpr int kStages = 2;  // staging tiles
   static constexpr int kWriters = kStages;         // a writer warp per staging tile
   static constexpr int kLoader = 3;                // the warp of the writer's warpgroup that loads
   static_assert(kWriters <= kLoader, "the loader is not a writer");
-  // K, V, Kᵀ; Q, dO twice; dSᵀ; L, D twice; dQ's staging tiles; 1 KB to align the tiles to 1024
+  // K, V; Q, dO twice; dSᵀ; L, D twice; dQ's staging tiles; 1 KB to align the tiles to 1024
   // bytes; two mbarriers a staging tile and two a buffer of Q, dO, L and D.
-  static constexpr std::size_t kSmemBytes = std::size_t(3 * BC * D + 4 * BR * D + BC * BR) * 2 +
+  static constexpr std::size_t kSmemBytes = std::size_t(2 * BC * D + 4 * BR * D + BC * BR) * 2 +
                                             (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages +
                                             16 * 2;
   static_assert(BC == kBc, "the twin's B_c is the kernel's");
@@ -114,8 +113,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
   T* Ks = reinterpret_cast<T*>(smem_raw + (base - raw));  // [BC][D] in panels
   T* Vs = Ks + BC * D;                                      // [BC][D]
-  T* Kt = Vs + BC * D;                                      // [D][BC]  K_jᵀ, B of dQ
-  T* Qs = Kt + BC * D;                                      // [2][BR][D]
+  T* Qs = Vs + BC * D;                                      // [2][BR][D]
   T* dOs = Qs + 2 * BR * D;                                 // [2][BR][D]
   T* dSs = dOs + 2 * BR * D;                                // [BC][BR]  dSᵀ of the step
   float* Ls = reinterpret_cast<float*>(dSs + BC * BR);      // [2][BR]
@@ -127,13 +125,13 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   const auto full = [bars](int sb) { return bars + 16u * sb; };
   const auto empty = [bars](int sb) { return bars + 16u * sb + 8u; };
   // Buffer buf of Q, dO, L and D: qfull(buf), the loader's copies have landed; qempty(buf), every
-  // warp that multiplies is done with it.
+  // thread that multiplies is done with it.
   const auto qfull = [bars](int buf) { return bars + 16u * (C::kStages + buf); };
   const auto qempty = [bars](int buf) { return bars + 16u * (C::kStages + buf) + 8u; };
 
   const int wg = threadIdx.x / 128, wr = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const PanelCopy<D, kMma> copy(threadIdx.x);
-  const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), kts = smem_u32(Kt), ds_s = smem_u32(dSs);
+  const uint32_t ks = smem_u32(Ks), vs = smem_u32(Vs), ds_s = smem_u32(dSs);
   const int key0 = 64 * wg + 16 * wr;  // the thread's first key (and +8) in Sᵀ, dPᵀ, dV, dK
   // Deterministic: the last K/V block first, each walking its Q blocks in order; the grid's blocks
   // in launch order take, group by group of group_heads (batch, KV head) pairs, rank 0 (the last
@@ -158,7 +156,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     }
     for (int buf = 0; buf < 2; ++buf) {
       tma::mbar_init(qfull(buf), 32);         // the loader's lanes (lane 0's with the bytes to come)
-      tma::mbar_init(qempty(buf), kMma / 32);  // one arrival from each warp that multiplies
+      tma::mbar_init(qempty(buf), kMma);       // one arrival from each thread that multiplies
     }
     tma::mbar_init_fence();
   }
@@ -247,32 +245,26 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   copy.template load<BC>(vs, v + (tiles.kv_row0 + walk.j0) * D, kv_valid);
   cp_async_commit();
   cp_async_wait<0>();
-  sync_mma();
-  // K_jᵀ once: element (n, key) of a D × BC panel tile is K[key][n]. Two keys per 32-bit store.
-  for (int i = threadIdx.x; i < BC * D / 2; i += kMma) {
-    const int n = i % D, key = 2 * (i / D);
-    const T lo = Ks[panel_at<BC>(key, n) / 2], hi = Ks[panel_at<BC>(key + 1, n) / 2];
-    *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(Kt) + panel_at<D>(n, key)) = pack<T>(lo, hi);
-  }
-  fence_shared_to_async();  // Kᵀ, for wgmma after the first step's barrier
+  fence_shared_to_async();  // K and V, for wgmma after the first step's barrier
 
   float dk_acc[P][32] = {}, dv_acc[P][32] = {};  // keys key0 + g (+8) × panel columns 8·(i/4) + 2t + i%2
 
   // The base descriptors: this warpgroup's 64 rows of K and of V (A of Sᵀ and dPᵀ), buffer 0 of Q
   // and dO read K-major (B of Sᵀ and dPᵀ) and MN-major (B of dK and dV), dSᵀ (MN-major A of dQ)
-  // and this warpgroup's rows of Kᵀ (B of dQ). `advance` reaches every other descriptor.
+  // and this warpgroup's columns of K read MN-major (B of dQ). `advance` reaches every other
+  // descriptor.
   const uint32_t q0 = smem_u32(Qs), do0 = smem_u32(dOs), tile_bytes = uint32_t(BR * D * sizeof(T));
   const uint64_t k_d = desc(ks + 64 * wg * 128, 16, 1024), v_d = desc(vs + 64 * wg * 128, 16, 1024),
                  q_k = desc(q0, 16, 1024), do_k = desc(do0, 16, 1024), q_mn = desc(q0, BR * 128, 1024),
                  do_mn = desc(do0, BR * 128, 1024), ds_d = desc(ds_s, BR * 128, 1024),
-                 kt_d = desc(kts + (D / 2) * wg * 128, 16, 1024);
+                 k_mn = desc(ks + (D / 2) * wg / 64 * BC * 128 + (D / 2) * wg % 64 * 2, BC * 128, 1024);
 
   int h = 0, ib = walk.rot;
   for (int step = 0; step < steps; ++step) {
     const int ib_next = ib + 1 < walk.n_ib ? ib + 1 : 0, h_next = ib_next == walk.rot ? h + 1 : h;
     const int buf = step & 1;
     tma::mbar_wait(qfull(buf), (step / 2) & 1);  // the step's Q, dO, L and D are in
-    sync_mma();  // Kᵀ is written; the last step is done with dSᵀ
+    sync_mma();  // K and V are in; the last step is done with dSᵀ
     const int64_t i0 = walk.i0(ib);
     const uint32_t bo = buf * tile_bytes;  // the buffer's offset in the Q and dO tiles
     const uint64_t qk = advance(q_k, bo), dok = advance(do_k, bo), qmn = advance(q_mn, bo),
@@ -311,29 +303,12 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 #pragma unroll
       for (int e = 0; e < 4; ++e) st[4 * n + e] = fast_exp2(fmaf(st[4 * n + e], scale_log2, -(e % 2 ? ly : lx)));
     }
-    // Pᵀ as A fragments (k-step kk: query rows 16kk..16kk+15), and dV_j += Pᵀ dO_i issued at once:
-    // it runs while dPᵀ finishes and dSᵀ is computed. k-step kk is 2048 bytes into dO_i's tile,
-    // panel pc gives columns 64pc.. .
-    uint32_t ap[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {  // n8 tile 2kk + hf
-        const int n = 2 * kk + hf;
-        ap[kk][2 * hf] = pack<T>(st[4 * n], st[4 * n + 1]);
-        ap[kk][2 * hf + 1] = pack<T>(st[4 * n + 2], st[4 * n + 3]);
-      }
-    fence();
-#pragma unroll
-    for (int pc = 0; pc < P; ++pc)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) rs_n64<T, 1>(dv_acc[pc], ap[kk], advance(domn, pc * BR * 128 + kk * 2048));
-    commit();
-    wait<1>();  // dPᵀ is in; dV may still be running
+    wait<0>();  // dPᵀ is in
     hold(dpt);
 
-    // dSᵀ = Pᵀ ∘ (dPᵀ − D) as A fragments, and to shared memory for dQ.
-    uint32_t as[4][4];
+    // dSᵀ = Pᵀ ∘ (dPᵀ − D); both as A fragments (k-step kk: query rows 16kk..16kk+15), and dSᵀ
+    // to shared memory for dQ.
+    uint32_t ap[4][4], as[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -342,41 +317,45 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
         float s[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[e] = st[4 * n + e] * (dpt[4 * n + e] - (e % 2 ? dd[n].y : dd[n].x));
+        ap[kk][2 * hf] = pack<T>(st[4 * n], st[4 * n + 1]);
+        ap[kk][2 * hf + 1] = pack<T>(st[4 * n + 2], st[4 * n + 3]);
         as[kk][2 * hf] = pack<T>(s[0], s[1]);
         as[kk][2 * hf + 1] = pack<T>(s[2], s[3]);
         *reinterpret_cast<uint32_t*>(dSs + swz<BR>(key0 + g, 8 * n + 2 * t)) = as[kk][2 * hf];
         *reinterpret_cast<uint32_t*>(dSs + swz<BR>(key0 + g + 8, 8 * n + 2 * t)) = as[kk][2 * hf + 1];
       }
 
-    // dK_j += dSᵀ Q_i, laid out as dV's product.
+    // dV_j += Pᵀ dO_i, dK_j += dSᵀ Q_i: k-step kk is query rows 16kk.., 2048 bytes into the tile;
+    // panel pc of dO_i (Q_i) gives columns 64pc.. .
     fence();
 #pragma unroll
     for (int pc = 0; pc < P; ++pc)
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) rs_n64<T, 1>(dk_acc[pc], as[kk], advance(qmn, pc * BR * 128 + kk * 2048));
+      for (int kk = 0; kk < 4; ++kk) {
+        rs_n64<T, 1>(dv_acc[pc], ap[kk], advance(domn, pc * BR * 128 + kk * 2048));
+        rs_n64<T, 1>(dk_acc[pc], as[kk], advance(qmn, pc * BR * 128 + kk * 2048));
+      }
     commit();
     fence_shared_to_async();
     sync_mma();  // all of dSᵀ is in shared memory, visible to wgmma
 
     // dQ_i += dS K_j, warpgroup wg: columns (D/2)·wg..; k-step kk is keys 16kk.. : 2048 bytes
-    // into dSᵀ (MN-major A), 32 bytes into panel kk / 4 of Kᵀ (K-major B), whose rows (D/2)·wg..
-    // start (D/2)·wg·128 bytes in.
+    // into dSᵀ (MN-major A) and into K's tile (MN-major B).
     float dq[D / 4];
     fence();  // dq's registers were read by last step's staging stores
 #pragma unroll
     for (int kk = 0; kk < BC / 16; ++kk) {
       const uint64_t a = advance(ds_d, kk * 2048);
-      const uint64_t bk = advance(kt_d, (kk / 4) * D * 128 + 32 * (kk % 4));
-      if constexpr (D == 128) ss_n64<T, 1, 0>(dq, a, bk, kk > 0);
-      else ss_n32<T, 1, 0>(dq, a, bk, kk > 0);
+      const uint64_t bk = advance(k_mn, kk * 2048);
+      if constexpr (D == 128) ss_n64<T, 1, 1>(dq, a, bk, kk > 0);
+      else ss_n32<T, 1, 1>(dq, a, bk, kk > 0);
     }
     commit();
     wait<0>();
 #pragma unroll
     for (int pc = 0; pc < P; ++pc) hold(dv_acc[pc]), hold(dk_acc[pc]);
     hold(dq);
-    __syncwarp();
-    if (lane == 0) tma::mbar_arrive(qempty(buf));  // the warp is done with the step's Q, dO, L and D
+    tma::mbar_arrive(qempty(buf));  // this thread is done with the step's Q, dO, L and D
     // Once the writer has read the tile this step reuses (kStages steps ago), element i of dq goes
     // to its row 16·wr + g + 8·((i/2) % 2), column (D/2)·wg + 8·(i/4) + 2t + i%2.
     const int sb = step % C::kStages;  // the staging tile
