@@ -100,7 +100,9 @@ struct PanelCopy {
 // of 8 rows (1024 bytes) and lbo is unused; for an MN-major operand (M or N contiguous, read with
 // the transpose flag) lbo is the step from one 64-wide panel to the next along M or N and sbo the
 // step between groups of 8 rows along K (1024 bytes). The start address may sit inside a panel
-// (the K-major k-steps advance it by 32 bytes): the swizzle is applied to the absolute address.
+// (the K-major k-steps advance it by 32 bytes; rung 09's v8 starts an MN-major B 64 bytes along N):
+// the swizzle is applied to the absolute address, and as long as bits 7-9 of the start address are
+// zero the descriptor's base-offset field stays 0.
 __device__ inline uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3FFFF) >> 4) | uint64_t((lbo >> 4) & 0x3FFF) << 16 |
          uint64_t((sbo >> 4) & 0x3FFF) << 32 | uint64_t(1) << 62;

@@ -3,10 +3,10 @@
 //
 // Why: in v6 every one of the 256 threads that multiply issues a step's loads for the step after
 // it: at d = 128, eight 16-byte cp.async for the Q and dO tiles, with an address computed for
-// each, and one for L and D, then waits for its own copies and fences them for wgmma. Beside
+// each, and 64 of them one each for L and D, then waits for its own copies and fences them for wgmma. Beside
 // cuDNN's backward (appendix 09, Nsight Compute at 4 × 16 × 4096, d = 128) v6 executed 12.5 % more
-// instructions; these loads are part of them. The writer's warpgroup has a warp with nothing to
-// do (three at d = 128).
+// instructions; these loads are part of them. The writer's warpgroup has two warps with nothing
+// to do (three at d = 128).
 //
 // What changed: the last warp of the writer's warpgroup is the loader (rung 08's v4 idea). For
 // each step, once the step two before it has released the buffer (qempty, one arrival from each
@@ -14,7 +14,7 @@
 // qfull and issues the TMA copies of the Q and dO tiles (a tensor map of [B·H][Nq][d]: rows past
 // Nq come in as zeros, as cp.async made them); its lanes copy L and D (zeros past Nq) and arrive.
 // The warps that multiply wait on qfull at a step's start instead of on their own copies; they
-// still load K and V once with cp.async. Products, their order and the bits are v6's.
+// still load K and V once with cp.async. The products and the order of the additions are v6's.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -32,7 +32,7 @@ constexpr Version kVersion = Version::V7TmaLoads;
 
 template <int D>
 struct Cfg {
-  static constexpr int kMma = 256, kThreads = kMma + 128, BC = 128, BR = 64;  // + the writer's warpgroup
+  static constexpr int kMma = 256, kThreads = kMma + 128, BC = 128, BR = 64;  // + the writers' and loader's warpgroup
   // Registers a thread after setmaxnreg. The block is launched with kLaunchRegs a thread (168:
   // 65536 / 384, rounded down to a multiple of 8), and setmaxnreg.inc can only take what the
   // writer's warpgroup gave back: 256 · (240 − 168) = 128 · (168 − 24). Ask for more and it waits
@@ -54,6 +54,7 @@ struct Cfg {
   static constexpr std::size_t kSmemBytes = std::size_t(3 * BC * D + 4 * BR * D + BC * BR) * 2 +
                                             (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages +
                                             16 * 2;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an SM gives a block");
   static_assert(BC == kBc, "the twin's B_c is the kernel's");
 };
 
@@ -254,7 +255,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     const T lo = Ks[panel_at<BC>(key, n) / 2], hi = Ks[panel_at<BC>(key + 1, n) / 2];
     *reinterpret_cast<uint32_t*>(reinterpret_cast<unsigned char*>(Kt) + panel_at<D>(n, key)) = pack<T>(lo, hi);
   }
-  fence_shared_to_async();  // Kᵀ, for wgmma after the first step's barrier
+  fence_shared_to_async();  // K, V and Kᵀ, for wgmma after the first step's barrier
 
   float dk_acc[P][32] = {}, dv_acc[P][32] = {};  // keys key0 + g (+8) × panel columns 8·(i/4) + 2t + i%2
 
@@ -272,7 +273,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     const int ib_next = ib + 1 < walk.n_ib ? ib + 1 : 0, h_next = ib_next == walk.rot ? h + 1 : h;
     const int buf = step & 1;
     tma::mbar_wait(qfull(buf), (step / 2) & 1);  // the step's Q, dO, L and D are in
-    sync_mma();  // Kᵀ is written; the last step is done with dSᵀ
+    sync_mma();  // K, V and Kᵀ are in; the last step is done with dSᵀ
     const int64_t i0 = walk.i0(ib);
     const uint32_t bo = buf * tile_bytes;  // the buffer's offset in the Q and dO tiles
     const uint64_t qk = advance(q_k, bo), dok = advance(do_k, bo), qmn = advance(q_mn, bo),

@@ -1,6 +1,6 @@
 // Rung 09, v8_k_in_place: v7 whose dQ product reads K_j where it already is, as an MN-major
-// operand, instead of from a transposed copy; the 16 or 32 KB the copy took give d = 128 the second
-// staging tile and writer warp that d = 64 has had since v5.
+// operand, instead of from a transposed copy; the 16 or 32 KB the copy took (with room v7 left
+// unused) give d = 128 the second staging tile and writer warp that d = 64 has had since v5.
 //
 // Why: dQ_i = dS K_j needs K_j as B with the keys as its reduction dimension. v1–v7 wrote K_jᵀ
 // into shared memory once per block so that B could be read K-major, as Sᵀ's operands are. But
@@ -13,7 +13,7 @@
 // What changed: no Kᵀ (its buffer, its transposition before the loop, its descriptor); dQ's B is
 // K's tile through an MN-major descriptor (warpgroup wg's columns (D/2)·wg.. are panel wg at
 // d = 128, 64 bytes into panel 0 at d = 64; k-step kk is 16 keys, 2048 bytes on). Two staging
-// tiles and two writers at both head dims. The additions and their order are v7's, so the bits.
+// tiles and two writers at both head dims. The products and the order of the additions are v7's.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -31,7 +31,7 @@ constexpr Version kVersion = Version::V8KInPlace;
 
 template <int D>
 struct Cfg {
-  static constexpr int kMma = 256, kThreads = kMma + 128, BC = 128, BR = 64;  // + the writer's warpgroup
+  static constexpr int kMma = 256, kThreads = kMma + 128, BC = 128, BR = 64;  // + the writers' and loader's warpgroup
   // Registers a thread after setmaxnreg. The block is launched with kLaunchRegs a thread (168:
   // 65536 / 384, rounded down to a multiple of 8), and setmaxnreg.inc can only take what the
   // writer's warpgroup gave back: 256 · (240 − 168) = 128 · (168 − 24). Ask for more and it waits
@@ -53,6 +53,7 @@ struct Cfg {
   static constexpr std::size_t kSmemBytes = std::size_t(2 * BC * D + 4 * BR * D + BC * BR) * 2 +
                                             (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages +
                                             16 * 2;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an SM gives a block");
   static_assert(BC == kBc, "the twin's B_c is the kernel's");
 };
 
