@@ -4,7 +4,7 @@
 // Why: in v6 every one of the 256 threads that multiply issues a step's loads for the step after
 // it: at d = 128, eight 16-byte cp.async for the Q and dO tiles, with an address computed for
 // each, and 64 of them one each for L and D, then waits for its own copies and fences them for wgmma. Beside
-// cuDNN's backward (appendix 09, Nsight Compute at 4 × 16 × 4096, d = 128) v6 executed 12.5 % more
+// cuDNN's backward (appendix 09, Nsight Compute at 4 × 16 × 4096, d = 128) v6 executed 12.6 % more
 // instructions; these loads are part of them. The writer's warpgroup has two warps with nothing
 // to do (three at d = 128).
 //
@@ -158,7 +158,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       tma::mbar_init(empty(sb), 1);         // the writer's
     }
     for (int buf = 0; buf < 2; ++buf) {
-      tma::mbar_init(qfull(buf), 32);         // the loader's lanes (lane 0's with the bytes to come)
+      tma::mbar_init(qfull(buf), 32);         // the loader's lanes (lane 0 also announces the bytes)
       tma::mbar_init(qempty(buf), kMma);       // one arrival from each thread that multiplies
     }
     tma::mbar_init_fence();

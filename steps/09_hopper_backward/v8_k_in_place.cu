@@ -156,7 +156,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       tma::mbar_init(empty(sb), 1);         // the writer's
     }
     for (int buf = 0; buf < 2; ++buf) {
-      tma::mbar_init(qfull(buf), 32);         // the loader's lanes (lane 0's with the bytes to come)
+      tma::mbar_init(qfull(buf), 32);         // the loader's lanes (lane 0 also announces the bytes)
       tma::mbar_init(qempty(buf), kMma);       // one arrival from each thread that multiplies
     }
     tma::mbar_init_fence();
