@@ -22,8 +22,6 @@
 //                     not by the warps that multiply.
 //   v8_k_in_place     v7 whose dQ product reads K where it is (MN-major), with no transposed copy;
 //                     the room it took gives d = 128 a second dQ staging tile and writer.
-//   v9_dq_under_s     v8 that stages a step's dQ share for the writer while the next step's Sᵀ
-//                     (and at d = 64 dPᵀ) run, not after its own last product.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -39,7 +37,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DqUnderS };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace };
 
 struct VersionInfo {
   Version version;
@@ -73,13 +71,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v7 + dQ reads K where it is (an MN-major operand), no transposed copy; the room gives d = 128 a second dQ "
      "staging tile and writer",
      true},
-    {Version::V9DqUnderS, "09_hopper_backward/v9_dq_under_s",
-     "v8 + a step's dQ share staged for the writer while the next step's Sᵀ (at d = 64 also dPᵀ) runs, not after "
-     "its own last product",
-     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V9DqUnderS) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V8KInPlace) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
