@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "decoding.hpp"
+#include "ring_attention.hpp"
+#include "ring_gpu.hpp"
 #include "device.hpp"
 #include "host_memory.hpp"
 #include "problem.hpp"
@@ -111,6 +113,28 @@ DType to_dtype(fl_dtype t) {
   }
   throw fl::InputError("dtype " + std::to_string(static_cast<int>(t)) +
                        " is not one of FL_FP32 (0), FL_FP16 (1), FL_BF16 (2)");
+}
+
+fl::ring::RingShape to_ring_shape(const fl_ring_shape* c) {
+  if (!c) throw fl::InputError("shape is NULL");
+  fl::ring::RingShape s;
+  s.attn.batch = c->batch;
+  s.attn.heads = c->heads;
+  s.attn.kv_heads = c->kv_heads;
+  s.attn.seq_q = s.attn.seq_k = c->seq;
+  s.attn.head_dim = c->head_dim;
+  s.attn.causal = c->causal != 0;
+  s.attn.scale = c->scale;
+  s.ranks = c->ranks;
+  s.sharding = c->zigzag ? fl::ring::Sharding::Zigzag : fl::ring::Sharding::Contiguous;
+  s.validate();  // the AttentionShape's checks, P < 1, N not a multiple of P (2P): refused, named
+  return s;
+}
+
+void require_nccl() {
+  if (!fl::ring::nccl_built())
+    throw NotFound("this build has no NCCL (CMake found none): the ring across GPUs is left out; "
+                   "fl_ring_forward_host runs its CPU twin");
 }
 
 fl::AttentionShape to_shape(const fl_shape* c) {
@@ -642,6 +666,71 @@ fl_status fl_stream_read(const void* data, size_t bytes, float* sink, void* cuda
     std::string why;
     if (!fl::gpu::available(&why)) throw NoGpu("no GPU to measure: " + why);
     fl::decoding::stream_read(data, bytes, sink, cuda_stream);
+  });
+}
+
+int fl_ring_chunks(const fl_ring_shape* shape, int64_t rank, int64_t chunks[2]) {
+  int n = -1;
+  guarded("fl_ring_chunks", [&] {
+    const fl::ring::RingShape s = to_ring_shape(shape);
+    if (!chunks) throw fl::InputError("chunks is NULL: pass room for two");
+    if (rank < 0 || rank >= s.ranks)
+      throw fl::InputError("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(s.ranks) + ")");
+    const std::vector<int64_t> c = s.chunks_of(rank);
+    for (std::size_t i = 0; i < c.size(); ++i) chunks[i] = c[i];
+    n = int(c.size());
+  });
+  return n;
+}
+
+fl_status fl_ring_forward_host(const fl_ring_shape* shape, fl_dtype dtype, const void* q, const void* k,
+                               const void* v, void* o, float* lse) {
+  return guarded("fl_ring_forward_host", [&] {
+    fl::ring::twin_ring_forward(to_ring_shape(shape), to_dtype(dtype), q, k, v, o, lse);
+  });
+}
+
+int fl_ring_nccl_available(void) {
+  int ok = 0;
+  guarded("fl_ring_nccl_available", [&] {
+    require_nccl();
+    ok = 1;
+  });
+  return ok;
+}
+
+fl_status fl_ring_unique_id(void* id) {
+  return guarded("fl_ring_unique_id", [&] {
+    require_nccl();
+    fl::ring::nccl_unique_id(id);
+  });
+}
+
+fl_status fl_ring_comm_init(const void* id, int ranks, int rank, void** comm) {
+  return guarded("fl_ring_comm_init", [&] {
+    if (!comm) throw fl::InputError("comm is NULL: pass where to put the communicator");
+    *comm = nullptr;
+    require_nccl();
+    require_gpu("fl_ring_forward_host");
+    *comm = fl::ring::nccl_comm_init(id, ranks, rank);
+  });
+}
+
+fl_status fl_ring_comm_destroy(void* comm) {
+  return guarded("fl_ring_comm_destroy", [&] {
+    require_nccl();
+    fl::ring::nccl_comm_destroy(comm);
+  });
+}
+
+fl_status fl_ring_forward(const fl_ring_shape* shape, fl_dtype dtype, const void* q, const void* k, const void* v,
+                          void* o, float* lse, void* nccl_comm, void* cuda_stream) {
+  return guarded("fl_ring_forward", [&] {
+    const fl::ring::RingShape s = to_ring_shape(shape);
+    const DType t = to_dtype(dtype);
+    require_nccl();
+    require_gpu("fl_ring_forward_host");
+    fl::ring::nccl_ring_forward(s, t, q, k, v, o, lse, nccl_comm, cuda_stream);
   });
 }
 

@@ -46,8 +46,9 @@ extern "C" {
 /* Bumped whenever a struct or a signature below changes, so a binding written against an older
  * header (compare_torch.py mirrors fl_shape and fl_decode_shape in ctypes) can refuse to run
  * instead of misreading. */
-#define FL_ABI_VERSION 3  /* 2: fl_decode_shape and the decoding entry points (rung 10);
-                              3: fl_decode (rung 10's kernels), their list, fl_stream_read */
+#define FL_ABI_VERSION 4  /* 2: fl_decode_shape and the decoding entry points (rung 10);
+                              3: fl_decode (rung 10's kernels), their list, fl_stream_read;
+                              4: fl_ring_shape and the ring's entry points (rung 11) */
 
 /* One attention problem. Sizes are int64_t so Python ints pass unchanged. */
 typedef struct fl_shape {
@@ -247,6 +248,55 @@ FL_API fl_status fl_decode(const char* version, const fl_decode_shape* shape, fl
  * optimised away (its value means nothing).
  * Queued on cuda_stream. Time it to get the read bandwidth this GPU reaches today. */
 FL_API fl_status fl_stream_read(const void* data, size_t bytes, float* sink, void* cuda_stream);
+
+/* ---- Ring attention (rung 11) --------------------------------------------------------------------
+ * One sequence split over P GPUs, one process (or thread) per GPU (docs/11_ring_attention.md): each
+ * rank holds N / P rows of Q, K and V; the K/V shards travel around the ring over NCCL while each
+ * rank attends to the one it holds, and the partial outputs merge by their log-sum-exps. The
+ * sequence is cut into chunks of equal length: P of them (contiguous: rank r holds chunk r) or 2P
+ * (zigzag: rank r holds chunks r and 2P − 1 − r, which evens out the causal mask's work).
+ * fl_ring_chunks says which a rank holds. A rank's shards keep its chunks in that order:
+ *   q, o   [B, H, N / P, d]      k, v   [B, Hkv, N / P, d]      lse   [B, H, N / P] fp32
+ * So far the forward runs on GPUs; fl_ring_forward_host is the CPU twin (all P ranks in one process)
+ * on the whole problem. Self-attention only: Nq = Nk = N. */
+typedef struct fl_ring_shape {
+  int64_t batch;     /* B >= 1 */
+  int64_t heads;     /* H query heads, a multiple of kv_heads */
+  int64_t kv_heads;  /* Hkv >= 1 */
+  int64_t seq;       /* N of the WHOLE sequence: a multiple of ranks (contiguous) or 2 * ranks (zigzag) */
+  int64_t head_dim;  /* d */
+  int causal;        /* 0 or 1 */
+  double scale;      /* 0: 1/sqrt(d) */
+  int64_t ranks;     /* P >= 1 */
+  int zigzag;        /* 0: contiguous chunks, 1: zigzag */
+} fl_ring_shape;
+
+/* The chunks rank `rank` holds, in the order of its local rows, into chunks[0..1]; returns how many
+ * (1 contiguous, 2 zigzag), or -1 (and fl_last_error) for a bad shape or rank. */
+FL_API int fl_ring_chunks(const fl_ring_shape* shape, int64_t rank, int64_t chunks[2]);
+/* The CPU twin on HOST pointers of the WHOLE problem (q, o [B, H, N, d], k, v [B, Hkv, N, d],
+ * lse [B, H, N]): what the P ranks compute, assembled. fp32, fp16 or bf16; d = 64 or 128. */
+FL_API fl_status fl_ring_forward_host(const fl_ring_shape* shape, fl_dtype dtype, const void* q, const void* k,
+                                      const void* v, void* o, float* lse);
+
+/* 1 when this build has NCCL (the ring across GPUs); otherwise 0, and fl_last_error() says so. */
+FL_API int fl_ring_nccl_available(void);
+/* A communicator for a caller without one (under torchrun, pass your process group's ncclComm_t to
+ * fl_ring_forward instead). One rank calls fl_ring_unique_id and sends its FL_RING_ID_BYTES bytes to
+ * every rank; each rank, with its own GPU current, calls fl_ring_comm_init with them, the ring's size
+ * and its rank (it blocks until all ranks have); fl_ring_comm_destroy frees it. Without NCCL in the
+ * build: FL_ERR_NOT_FOUND. */
+#define FL_RING_ID_BYTES 128
+FL_API fl_status fl_ring_unique_id(void* id /* FL_RING_ID_BYTES, out */);
+FL_API fl_status fl_ring_comm_init(const void* id, int ranks, int rank, void** comm /* out */);
+FL_API fl_status fl_ring_comm_destroy(void* comm);
+/* This rank's forward: its shards in DEVICE memory (layouts above), nccl_comm an ncclComm_t of
+ * shape->ranks ranks, queued on cuda_stream (NULL: the default stream); returns when the rank's work
+ * is done. Every rank calls it with the same shape and dtype (fp16 or bf16; d = 64 or 128): the
+ * ranks first agree over the communicator, and a rank given another shape, a bad argument or a
+ * communicator of another size makes every rank return FL_ERR_INVALID, none hangs. */
+FL_API fl_status fl_ring_forward(const fl_ring_shape* shape, fl_dtype dtype, const void* q, const void* k,
+                                 const void* v, void* o, float* lse, void* nccl_comm, void* cuda_stream);
 
 #ifdef __cplusplus
 }  /* extern "C" */

@@ -648,4 +648,110 @@ TEST(CApi, DecodeKernelsAreListedAndRun) {
   fl::gpu::synchronize();
 }
 
+// ---- Ring attention (rung 11) through the ABI ------------------------------------------------------
+
+// The chunks a rank holds, the CPU twin of the ring against the fp64 oracle on the whole problem
+// (zigzag, causal, GQA, fp32, on NaN-poisoned outputs), and the refusals, each named before any
+// work; the NCCL entry points say what this build lacks, or refuse bad arguments before NCCL.
+TEST(CApi, RingTwinAndItsRefusals) {
+  fl_ring_shape c{1, 4, 2, 96, 64, 1, 0.0, 3, 1};  // N = 96 over P = 3, zigzag: six chunks of 16
+  int64_t ch[2] = {-1, -1};
+  ASSERT_EQ(fl_ring_chunks(&c, 0, ch), 2) << fl_last_error();
+  EXPECT_EQ(ch[0], 0);
+  EXPECT_EQ(ch[1], 5);
+  ASSERT_EQ(fl_ring_chunks(&c, 2, ch), 2) << fl_last_error();
+  EXPECT_EQ(ch[0], 2);
+  EXPECT_EQ(ch[1], 3);
+  fl_ring_shape contiguous = c;
+  contiguous.zigzag = 0;
+  ASSERT_EQ(fl_ring_chunks(&contiguous, 1, ch), 1) << fl_last_error();
+  EXPECT_EQ(ch[0], 1);
+  EXPECT_EQ(fl_ring_chunks(&c, 3, ch), -1);
+  EXPECT_NE(std::string(fl_last_error()).find("rank 3"), std::string::npos) << fl_last_error();
+
+  fl::AttentionShape whole;
+  whole.batch = 1, whole.heads = 4, whole.kv_heads = 2, whole.seq_q = whole.seq_k = 96, whole.head_dim = 64;
+  whole.causal = true;
+  const fl::Inputs in = fl::make_inputs(whole, fl::DType::F32, 5);
+  std::vector<float> o(size_t(whole.o_elems()), std::nanf("")), lse(size_t(whole.lse_elems()), std::nanf(""));
+  ASSERT_EQ(fl_ring_forward_host(&c, FL_FP32, in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data()), FL_OK)
+      << fl_last_error();
+  expect_matches_oracle(whole, fl::DType::F32, in, o, lse);
+
+  fl_ring_shape bad = c;
+  bad.seq = 100;  // not a multiple of 2P = 6
+  EXPECT_REFUSED(fl_ring_forward_host(&bad, FL_FP32, in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data()),
+                 FL_ERR_INVALID, "multiple");
+  bad = c;
+  bad.ranks = 0;
+  EXPECT_REFUSED(fl_ring_forward_host(&bad, FL_FP32, in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data()),
+                 FL_ERR_INVALID, "P");
+  EXPECT_REFUSED(fl_ring_forward_host(nullptr, FL_FP32, in.q.data(), in.k.data(), in.v.data(), o.data(), lse.data()),
+                 FL_ERR_INVALID, "shape is NULL");
+  EXPECT_REFUSED(fl_ring_forward_host(&c, FL_FP32, nullptr, in.k.data(), in.v.data(), o.data(), lse.data()),
+                 FL_ERR_INVALID, "null");
+
+  void* comm = reinterpret_cast<void*>(1);
+  if (!fl_ring_nccl_available()) {
+    EXPECT_NE(std::string(fl_last_error()).find("no NCCL"), std::string::npos) << fl_last_error();
+    unsigned char id[FL_RING_ID_BYTES] = {};
+    EXPECT_REFUSED(fl_ring_unique_id(id), FL_ERR_NOT_FOUND, "no NCCL");
+    EXPECT_REFUSED(fl_ring_comm_init(id, 2, 0, &comm), FL_ERR_NOT_FOUND, "no NCCL");
+    EXPECT_EQ(comm, nullptr);  // the out-parameter is cleared before any refusal
+    EXPECT_REFUSED(fl_ring_forward(&c, FL_BF16, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+                   FL_ERR_NOT_FOUND, "fl_ring_forward_host");
+  } else {
+    EXPECT_REFUSED(fl_ring_comm_init(nullptr, 2, 0, &comm), fl_cuda_available() ? FL_ERR_INVALID : FL_ERR_CUDA,
+                   fl_cuda_available() ? "id is null" : "no GPU");
+    EXPECT_EQ(comm, nullptr);
+  }
+  EXPECT_REFUSED(fl_ring_comm_init(nullptr, 2, 0, nullptr), FL_ERR_INVALID, "comm is NULL");
+  EXPECT_REFUSED(fl_ring_forward(&bad, FL_BF16, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+                 FL_ERR_INVALID, "P");
+}
+
+// The ring through the ABI on one GPU: a communicator of one rank made from a unique id, the
+// forward on it (causal, GQA, bf16, on poisoned outputs) against the CPU twin, and the communicator
+// freed. Two ranks need two GPUs (NCCL refuses two ranks on one): rung 11's own tests have those.
+TEST(CApi, RingForwardOnOneGpuThroughACommunicatorItMade) {
+  if (!fl_cuda_available()) GTEST_SKIP() << "no GPU: " << fl_last_error();
+  if (!fl_ring_nccl_available()) GTEST_SKIP() << fl_last_error();
+#if FLASH_LADDER_HAS_CUDA
+  const fl::DType t = fl::DType::BF16;
+  fl_ring_shape c{2, 4, 2, 256, 64, 1, 0.0, 1, 0};
+  fl::AttentionShape whole;
+  whole.batch = 2, whole.heads = 4, whole.kv_heads = 2, whole.seq_q = whole.seq_k = 256, whole.head_dim = 64;
+  whole.causal = true;
+  const fl::Inputs in = fl::make_inputs(whole, t, 9);
+  const std::vector<unsigned char> q = fl::to_storage(in.q, t), k = fl::to_storage(in.k, t), v = fl::to_storage(in.v, t);
+  std::vector<unsigned char> o_twin(q.size());
+  std::vector<float> lse_twin(size_t(whole.lse_elems()));
+  ASSERT_EQ(fl_ring_forward_host(&c, FL_BF16, q.data(), k.data(), v.data(), o_twin.data(), lse_twin.data()), FL_OK)
+      << fl_last_error();
+  unsigned char id[FL_RING_ID_BYTES];
+  ASSERT_EQ(fl_ring_unique_id(id), FL_OK) << fl_last_error();
+  void* comm = nullptr;
+  ASSERT_EQ(fl_ring_comm_init(id, 1, 0, &comm), FL_OK) << fl_last_error();
+  ASSERT_NE(comm, nullptr);
+  fl::gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()), dlse(lse_twin.size() * 4);
+  dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+  dout.poison(), dlse.poison();
+  const fl_status st = fl_ring_forward(&c, FL_BF16, dq.get(), dk.get(), dv.get(), dout.get(),
+                                       static_cast<float*>(dlse.get()), comm, nullptr);
+  const std::string why = fl_last_error();
+  EXPECT_EQ(fl_ring_comm_destroy(comm), FL_OK) << fl_last_error();
+  ASSERT_EQ(st, FL_OK) << why;
+  std::vector<unsigned char> o(q.size());
+  std::vector<float> lse(lse_twin.size());
+  dout.download(o.data(), o.size());
+  dlse.download(lse.data(), lse.size() * 4);
+  const std::vector<float> of = fl::from_storage(o, t), tf = fl::from_storage(o_twin, t);
+  const std::vector<double> ref(tf.begin(), tf.end());
+  const fl::ErrorStats e = fl::compare(of.data(), ref.data(), int64_t(of.size()));
+  EXPECT_TRUE(fl::passes(e, t)) << e.str();
+  EXPECT_EQ(e.bad, 0) << "unwritten (still NaN) or non-finite O elements";
+  for (size_t r = 0; r < lse.size(); ++r) ASSERT_NEAR(lse[r], lse_twin[r], 1e-3) << "row " << r;
+#endif
+}
+
 }  // namespace

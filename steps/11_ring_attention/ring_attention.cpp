@@ -422,6 +422,12 @@ RingBackwardRun run_ring_backward(const RingShape& s, DType t, const Inputs& in,
 void nccl_ring_forward(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*, void*) {
   throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
 }
+bool nccl_built() { return false; }
+void nccl_unique_id(void*) { throw bad("this build has no NCCL (CMake found none): no communicator to make"); }
+void* nccl_comm_init(const void*, int, int) {
+  throw bad("this build has no NCCL (CMake found none): no communicator to make");
+}
+void nccl_comm_destroy(void*) { throw bad("this build has no NCCL (CMake found none): no communicator to free"); }
 #endif
 #if !FLASH_LADDER_HAS_CUDA
 const Rung& gpu_local_rung(DType) { throw bad("this build has no CUDA: the ring runs on the GPU only with it"); }

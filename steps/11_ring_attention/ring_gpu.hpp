@@ -35,4 +35,16 @@ void gpu_ring_forward_local(const RingShape& s, DType t, const void* q, const vo
 void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o,
                        float* lse, void* comm, void* stream);
 
+// A communicator for the ring when the caller has none (outside torchrun): one rank calls
+// nccl_unique_id and hands its kNcclIdBytes bytes to every rank (a file, a socket, MPI), then each
+// rank, on its own GPU (the current CUDA device), calls nccl_comm_init with the same bytes, the
+// ring's size and its rank; nccl_comm_destroy frees it. NCCL's init blocks until every rank has
+// called it. All three throw without NCCL; nccl_comm_init refuses ranks < 1, rank outside
+// [0, ranks) and a null id before calling NCCL.
+inline constexpr int kNcclIdBytes = 128;  // NCCL_UNIQUE_ID_BYTES
+bool nccl_built();                        // this build has NCCL (CMake found it)
+void nccl_unique_id(void* id);            // kNcclIdBytes bytes
+void* nccl_comm_init(const void* id, int ranks, int rank);
+void nccl_comm_destroy(void* comm);
+
 }  // namespace fl::ring
