@@ -144,27 +144,4 @@ void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k
   else run<__nv_bfloat16>(s, t, q, k, v, o, lse, comm, st);  // fp32 and others: refused in run's checks
 }
 
-static_assert(kNcclIdBytes == NCCL_UNIQUE_ID_BYTES, "ring_gpu.hpp's id size is NCCL's");
-bool nccl_built() { return true; }
-void nccl_unique_id(void* id) {
-  if (!id) throw bad("id is null: pass kNcclIdBytes (128) bytes to receive the unique id");
-  ncclUniqueId u;
-  nccl_check(ncclGetUniqueId(&u), "ncclGetUniqueId");
-  std::memcpy(id, &u, sizeof u);
-}
-void* nccl_comm_init(const void* id, int ranks, int rank) {
-  if (!id) throw bad("id is null: pass the bytes nccl_unique_id gave one of the ranks");
-  if (ranks < 1) throw bad("ranks = " + std::to_string(ranks) + ": a ring needs at least one rank");
-  if (rank < 0 || rank >= ranks)
-    throw bad("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(ranks) + ")");
-  ncclUniqueId u;
-  std::memcpy(&u, id, sizeof u);
-  ncclComm_t comm = nullptr;
-  nccl_check(ncclCommInitRank(&comm, ranks, u, rank), "ncclCommInitRank");
-  return comm;
-}
-void nccl_comm_destroy(void* comm) {
-  if (comm) nccl_check(ncclCommDestroy(static_cast<ncclComm_t>(comm)), "ncclCommDestroy");
-}
-
 }  // namespace fl::ring
