@@ -699,8 +699,14 @@ def probes_part(probes: list, rung: str) -> str:
             continue
         # A backward run: the backward alone ("bwd") and a deterministic mode's ("bwd-det") of each
         # kernel, each its own column ("v2_deterministic bwd-det").
-        if any(phase(r) in ("bwd", "bwd-det") for r in rows):
+        # A run that timed other rungs' backward beside this rung's forward (rungs 08 and 09 together)
+        # shows this rung its forward rows only.
+        if any(phase(r) in ("bwd", "bwd-det") for r in rows if in_rung(rung_of(r), rung)):
             rows = [dict(r, name="%s %s" % (r["name"], phase(r))) for r in rows if phase(r) in ("bwd", "bwd-det")]
+        else:
+            timed_backward = {rung_of(r).split("/")[0] for r in rows
+                              if phase(r) in ("bwd", "bwd-det") and not rung_of(r).startswith("sdpa_")}
+            rows = [r for r in rows if phase(r) == "fwd" and rung_of(r).split("/")[0] not in timed_backward]
         if len({r.get("dtype") for r in rows}) > 1:  # a run of several dtypes: a row per shape and dtype
             rows = [dict(r, shape="%s %s" % (r["shape"], r.get("dtype"))) for r in rows]
         kernels: list = []
