@@ -115,8 +115,8 @@ DType to_dtype(fl_dtype t) {
                        " is not one of FL_FP32 (0), FL_FP16 (1), FL_BF16 (2)");
 }
 
-fl::ring::RingShape to_ring_shape(const fl_ring_shape* c) {
-  if (!c) throw fl::InputError("shape is NULL");
+// The fields alone, unchecked: fl_ring_forward's ranks check them together (see there).
+fl::ring::RingShape ring_shape_fields(const fl_ring_shape* c) {
   fl::ring::RingShape s;
   s.attn.batch = c->batch;
   s.attn.heads = c->heads;
@@ -127,6 +127,12 @@ fl::ring::RingShape to_ring_shape(const fl_ring_shape* c) {
   s.attn.scale = c->scale;
   s.ranks = c->ranks;
   s.sharding = c->zigzag ? fl::ring::Sharding::Zigzag : fl::ring::Sharding::Contiguous;
+  return s;
+}
+
+fl::ring::RingShape to_ring_shape(const fl_ring_shape* c) {
+  if (!c) throw fl::InputError("shape is NULL");
+  fl::ring::RingShape s = ring_shape_fields(c);
   s.validate();  // the AttentionShape's checks, P < 1, N not a multiple of P (2P): refused, named
   return s;
 }
@@ -726,11 +732,22 @@ fl_status fl_ring_comm_destroy(void* comm) {
 fl_status fl_ring_forward(const fl_ring_shape* shape, fl_dtype dtype, const void* q, const void* k, const void* v,
                           void* o, float* lse, void* nccl_comm, void* cuda_stream) {
   return guarded("fl_ring_forward", [&] {
-    const fl::ring::RingShape s = to_ring_shape(shape);
-    const DType t = to_dtype(dtype);
     require_nccl();
     require_gpu("fl_ring_forward_host");
-    fl::ring::nccl_ring_forward(s, t, q, k, v, o, lse, nccl_comm, cuda_stream);
+    // Nothing this rank is given may stop it before the ranks' agreement: the others would wait
+    // for it there. A NULL shape (taken as all zeros) or an unknown dtype is handed on as refused,
+    // a bad shape is refused there, and every rank returns FL_ERR_INVALID together.
+    std::string refused;
+    fl::ring::RingShape s;
+    if (shape) s = ring_shape_fields(shape);
+    else refused = "shape is NULL";
+    DType t = DType::BF16;
+    try {
+      t = to_dtype(dtype);
+    } catch (const fl::InputError& e) {
+      if (refused.empty()) refused = e.what();
+    }
+    fl::ring::nccl_ring_forward(s, t, q, k, v, o, lse, nccl_comm, cuda_stream, refused);
   });
 }
 

@@ -706,8 +706,11 @@ TEST(CApi, RingTwinAndItsRefusals) {
     EXPECT_EQ(comm, nullptr);
   }
   EXPECT_REFUSED(fl_ring_comm_init(nullptr, 2, 0, nullptr), FL_ERR_INVALID, "comm is NULL");
-  EXPECT_REFUSED(fl_ring_forward(&bad, FL_BF16, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
-                 FL_ERR_INVALID, "P");
+  // fl_ring_forward checks a rank's shape only together with the other ranks (none may leave before
+  // they agree); without a communicator there is nobody to agree with.
+  if (fl_ring_nccl_available() && fl_cuda_available())
+    EXPECT_REFUSED(fl_ring_forward(&bad, FL_BF16, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+                   FL_ERR_INVALID, "comm is null");
 }
 
 // The ring through the ABI on one GPU: a communicator of one rank made from a unique id, the
@@ -736,8 +739,20 @@ TEST(CApi, RingForwardOnOneGpuThroughACommunicatorItMade) {
   fl::gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()), dlse(lse_twin.size() * 4);
   dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
   dout.poison(), dlse.poison();
-  const fl_status st = fl_ring_forward(&c, FL_BF16, dq.get(), dk.get(), dv.get(), dout.get(),
-                                       static_cast<float*>(dlse.get()), comm, nullptr);
+  // What a rank alone gets wrong is refused after the ranks' agreement (here a ring of one), not
+  // before it, where the others would wait: a NULL shape, an unknown dtype, a bad shape, fp32.
+  fl_ring_shape odd = c;
+  odd.seq = 255, odd.zigzag = 1;  // zigzag: N a multiple of 2P
+  float* dl = static_cast<float*>(dlse.get());
+  EXPECT_REFUSED(fl_ring_forward(nullptr, FL_BF16, dq.get(), dk.get(), dv.get(), dout.get(), dl, comm, nullptr),
+                 FL_ERR_INVALID, "shape is NULL");
+  EXPECT_REFUSED(fl_ring_forward(&c, fl_dtype(7), dq.get(), dk.get(), dv.get(), dout.get(), dl, comm, nullptr),
+                 FL_ERR_INVALID, "FL_FP32");
+  EXPECT_REFUSED(fl_ring_forward(&odd, FL_BF16, dq.get(), dk.get(), dv.get(), dout.get(), dl, comm, nullptr),
+                 FL_ERR_INVALID, "multiple");
+  EXPECT_REFUSED(fl_ring_forward(&c, FL_FP32, dq.get(), dk.get(), dv.get(), dout.get(), dl, comm, nullptr),
+                 FL_ERR_INVALID, "fp16 and bf16");
+  const fl_status st = fl_ring_forward(&c, FL_BF16, dq.get(), dk.get(), dv.get(), dout.get(), dl, comm, nullptr);
   const std::string why = fl_last_error();
   EXPECT_EQ(fl_ring_comm_destroy(comm), FL_OK) << fl_last_error();
   ASSERT_EQ(st, FL_OK) << why;

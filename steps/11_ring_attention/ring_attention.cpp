@@ -419,7 +419,8 @@ RingBackwardRun run_ring_backward(const RingShape& s, DType t, const Inputs& in,
 }
 
 #if !FLASH_LADDER_HAS_NCCL
-void nccl_ring_forward(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*, void*) {
+void nccl_ring_forward(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*, void*,
+                       const std::string&) {
   throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
 }
 bool nccl_built() { return false; }

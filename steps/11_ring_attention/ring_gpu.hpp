@@ -31,9 +31,11 @@ void gpu_ring_forward_local(const RingShape& s, DType t, const void* q, const vo
 // Every rank calls it with the same problem. Before any other communication the ranks agree, with
 // one all-reduce, on the problem, the dtype and the communicator's size; a rank given a different
 // shape, bad arguments or a communicator of another size makes every rank throw InputError, none
-// hangs. Returns when the rank's work is done. Throws without NCCL.
+// hangs. Returns when the rank's work is done. Throws without NCCL. `refused`: why the caller has
+// already refused this rank's call (the C ABI: a NULL shape, an unknown dtype); the rank still
+// takes part in the agreement, so that every rank fails with it instead of waiting.
 void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o,
-                       float* lse, void* comm, void* stream);
+                       float* lse, void* comm, void* stream, const std::string& refused = {});
 
 // A communicator for the ring when the caller has none (outside torchrun): one rank calls
 // nccl_unique_id and hands its kNcclIdBytes bytes to every rank (a file, a socket, MPI), then each

@@ -67,12 +67,13 @@ void agree_or_throw(const RingShape& s, DType t, const std::string& local_error,
 // ring: the rank keeps passing the shards on, so the other ranks finish, and throws at the end.
 template <class T>
 void run(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o, float* lse,
-         ncclComm_t comm, cudaStream_t st) {
+         ncclComm_t comm, cudaStream_t st, const std::string& refused) {
   std::string local_error;
   int me = 0;
   PhaseClock clock(st);  // FL_RING_PHASES=1: where the call's time goes (ring_rank.cuh)
   std::unique_ptr<RankState<T>> R;
   try {
+    if (!refused.empty()) throw InputError(refused);
     check_gpu_call(s, t, {q, k, v, o, lse});
     nccl_check(ncclCommUserRank(comm, &me), "ncclCommUserRank");
     clock.rank = me;
@@ -136,12 +137,12 @@ void run(const RingShape& s, DType t, const void* q, const void* k, const void* 
 }  // namespace
 
 void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o, float* lse,
-                       void* comm_ptr, void* stream) {
+                       void* comm_ptr, void* stream, const std::string& refused) {
   if (!comm_ptr) throw bad("comm is null: pass the ncclComm_t of the ring's ranks");
   const ncclComm_t comm = static_cast<ncclComm_t>(comm_ptr);
   const cudaStream_t st = as_stream(stream);
-  if (t == DType::F16) run<__half>(s, t, q, k, v, o, lse, comm, st);
-  else run<__nv_bfloat16>(s, t, q, k, v, o, lse, comm, st);  // fp32 and others: refused in run's checks
+  if (t == DType::F16) run<__half>(s, t, q, k, v, o, lse, comm, st, refused);
+  else run<__nv_bfloat16>(s, t, q, k, v, o, lse, comm, st, refused);  // fp32 and others: refused in run's checks
 }
 
 }  // namespace fl::ring
