@@ -7,6 +7,7 @@
 //   build/bench/ladder --decode --seq-k 32768 --heads 32 --kv-heads 8 --batch 16 --page-size 16
 //                                                   rung 10: decoding against a KV cache
 //   build/bench/ladder --ring 4 --sharding zigzag --causal --seq 256   rung 11's ring, simulated
+//   build/bench/ladder --ring 2 --device cuda --causal --seq 65536      the ring over NCCL on 2 GPUs
 //
 // One row per rung and device: the median time, TFLOP/s by the convention of shared/anchors.md
 // (4·B·H·Nq·Nk·d, halved when causal), the speed-up over the rung above it on the same device, the
@@ -56,6 +57,7 @@
 #include "reference.hpp"
 #include "../steps/10_decoding/decoding.hpp"
 #include "../steps/11_ring_attention/ring_attention.hpp"
+#include "../steps/11_ring_attention/ring_gpu.hpp"
 
 namespace fl {
 namespace {
@@ -192,6 +194,10 @@ Ring attention (rung 11: one sequence over P GPUs, simulated on the CPU):
                        forward and backward checked against the fp64 oracle, and per rank the
                        chunks it holds, the work it did and the bytes it sent beside the closed form
   --sharding S         zigzag | contiguous (default zigzag: balanced causal work)
+  --ring P --device cuda
+                       the ring's forward over NCCL on GPUs 0 .. P-1 of this machine, a thread a rank
+                       (fp16 or bf16): checked against the fp64 oracle (all rows up to 1024, else a
+                       sample; --verify-rows), then timed (--reps calls, the median wall time a call)
 
   --help               this text
 
@@ -1084,12 +1090,64 @@ int decode_main(const Options& opt) {
 
 // ---- --ring: rung 11 -----------------------------------------------------------------------------
 
+// --ring P --device cuda: the ring's forward over NCCL on GPUs 0 .. P − 1, a thread a rank
+// (fl::ring::nccl_ring_forward_on_gpus), checked against the fp64 oracle and timed.
+int ring_gpu_main(const Options& opt) {
+  if (!opt.json.empty() || opt.rungs != "all" || opt.deterministic || opt.page_size || opt.splits || opt.no_ceiling)
+    throw UsageError("--ring P --device cuda runs rung 11's forward on P GPUs: it takes the shape flags, --dtype, "
+                     "--seed, --inputs, --sharding, --verify-rows and --reps");
+  ring::RingShape s{opt.shape(), opt.ring, opt.sharding};
+  s.validate();
+  const DType t = opt.dtype;
+  const int64_t n = s.seq();
+  std::vector<int64_t> rows;
+  if (opt.verify_rows > 0) rows = sample_rows(n, opt.verify_rows);
+  else if (opt.verify_rows == 0 && n > kAllRowsUpTo) rows = sample_rows(n, kSampledRows);
+  if (std::string why; !gpu::available(&why))
+    throw InputError("--ring P --device cuda: no GPU to run on (" + why + "); without --device cuda the ring runs "
+                     "as its CPU twin");
+  const Rung& local = ring::gpu_local_rung(t);  // refuses fp32, and a build or GPU without one
+  Oracle oracle(s.attn, t, opt.seed, opt.inputs, rows, opt.seed + 1);
+  oracle.on_compute = [](const std::string& what) { std::cerr << what << "...\n"; };
+  std::cout << "Flash Ladder, rung 11 (ring attention over NCCL, a GPU a rank): " << s.str() << ", " << dtype_name(t)
+            << ", inputs " << input_kind_name(opt.inputs) << ", seed " << opt.seed << "; each step runs "
+            << local.name() << "\n";
+  const Inputs& in = oracle.inputs();
+  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+  std::vector<unsigned char> o(q.size());
+  std::vector<float> lse(std::size_t(s.attn.lse_elems()), std::numeric_limits<float>::quiet_NaN());
+  const int reps = opt.reps_for(Backend::Cuda);
+  double ms = NAN;
+  std::cerr << "the ring's forward on GPUs 0.." << s.ranks - 1 << ", then " << reps << " timed calls...\n";
+  const std::vector<std::string> errors =
+      ring::nccl_ring_forward_on_gpus(s, t, q.data(), k.data(), v.data(), o.data(), lse.data(), reps, &ms);
+  bool ran = true;
+  for (std::size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) std::cout << "rank " << r << " failed: " << errors[r] << '\n', ran = false;
+  if (!ran) return 1;
+  Table tab({"rank", "GPU", "chunks"}, {true, true, false});
+  for (int64_t r = 0; r < s.ranks; ++r) {
+    std::string chunks;
+    for (int64_t c : s.chunks_of(r)) chunks += (chunks.empty() ? "" : ",") + std::to_string(c);
+    tab.add({std::to_string(r), std::to_string(r), chunks});
+  }
+  std::cout << '\n';
+  tab.print(std::cout);
+  const ForwardCheck fc = oracle.check_forward_of(ForwardOutputs{from_storage(o, t), lse});
+  std::cout << "\nforward: " << fc.str() << " (" << (rows.empty() ? "every row" : std::to_string(rows.size()) + " sampled rows")
+            << " of each head)\n"
+            << "time: " << sig3(ms) << " ms a call, the median of " << reps << " (wall clock, every rank's call; "
+            << tflops(s.attn.flops_forward(), ms) << " TFLOP/s over " << s.ranks << (s.ranks == 1 ? " GPU)\n" : " GPUs)\n");
+  return fc.pass ? 0 : 1;
+}
+
 int ring_main(const Options& opt) {
-  if (!opt.json.empty() || opt.rungs != "all" || opt.deterministic || opt.verify_rows != 0 || opt.device == "cuda" ||
-      opt.page_size || opt.splits || opt.no_ceiling)
-    throw UsageError("--ring runs rung 11's CPU twin: it takes the shape flags, --dtype, --seed, --inputs and "
-                     "--sharding; --json, --rungs, --verify-rows, --deterministic, --device cuda, --page-size, "
-                     "--splits and --no-ceiling are for the other rungs");
+  if (opt.device == "cuda") return ring_gpu_main(opt);
+  if (!opt.json.empty() || opt.rungs != "all" || opt.deterministic || opt.verify_rows != 0 || opt.page_size ||
+      opt.splits || opt.no_ceiling)
+    throw UsageError("--ring runs rung 11's CPU twin (--device cuda: its forward on GPUs): it takes the shape "
+                     "flags, --dtype, --seed, --inputs and --sharding; --json, --rungs, --verify-rows, "
+                     "--deterministic, --page-size, --splits and --no-ceiling are for the other rungs");
   ring::RingShape s{opt.shape(), opt.ring, opt.sharding};
   s.validate();
   const DType t = opt.dtype;

@@ -74,6 +74,33 @@ void expect_no_worse_than(const ErrorStats& ring, const ErrorStats& single, DTyp
 
 // ---- The forward ------------------------------------------------------------------------------
 
+// shard and unshard: every rank's shard holds its chunks' rows in order (row i of chunk c of group
+// g is global row c·chunk + i), and the ranks' shards put back give the whole array, every row once.
+TEST(RingAttention, ShardsHoldTheRanksChunksAndPutBackGiveTheWhole) {
+  for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag}) {
+    const RingShape s = ring_shape(2, 1, 60, 64, false, 3, sh, 2);  // 60 rows: 3 or 6 chunks
+    SCOPED_TRACE(s.str());
+    const int64_t groups = 4, row = 3;  // 3 int32 a row: its group, its global row, a marker
+    std::vector<int32_t> whole(std::size_t(groups * s.seq() * row));
+    for (int64_t g = 0; g < groups; ++g)
+      for (int64_t i = 0; i < s.seq(); ++i)
+        for (int64_t e = 0; e < row; ++e) whole[std::size_t((g * s.seq() + i) * row + e)] = int32_t(e == 0 ? g : e == 1 ? i : 7);
+    std::vector<int32_t> back(whole.size(), -1);
+    for (int64_t r = 0; r < s.ranks; ++r) {
+      std::vector<int32_t> local(std::size_t(groups * s.local_len() * row), -1);
+      s.shard(r, whole.data(), local.data(), groups, row * 4);
+      for (int64_t g = 0; g < groups; ++g)
+        for (int64_t i = 0; i < s.local_len(); ++i) {
+          const int32_t* x = &local[std::size_t((g * s.local_len() + i) * row)];
+          EXPECT_EQ(x[0], g);
+          EXPECT_EQ(x[1], s.global_row(r, i)) << "rank " << r << " local row " << i;
+        }
+      s.unshard(r, local.data(), back.data(), groups, row * 4);
+    }
+    EXPECT_EQ(back, whole);
+  }
+}
+
 TEST(RingAttention, ForwardMatchesTheOracleAndTheSingleRankTwin) {
   uint64_t seed = base_seed();
   for (int64_t d : {64, 128})
@@ -430,28 +457,17 @@ TEST(RingAttentionNccl, TwoGpusGiveTheOneGpuRingsBits) {
         dlse.download(lse_one.data(), lse_one.size() * 4);
       }
       // Each rank's shards (its chunks in order), run on its GPU, put back in their places.
-      const int64_t L = s.local_len(), c = s.chunk_len(), d = s.attn.head_dim, N = s.seq();
+      const int64_t L = s.local_len(), d = s.attn.head_dim;
       const int64_t qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads;
       std::vector<unsigned char> o(q.size());
       std::vector<float> lse(lse_one.size(), kNaN);
-      auto rows = [&](const unsigned char* src, unsigned char* dst, int64_t groups, int64_t width, bool to_local,
-                      int64_t r) {
-        int64_t at = 0;
-        for (int64_t chunk : s.chunks_of(r)) {
-          for (int64_t g = 0; g < groups; ++g) {
-            const int64_t whole = (g * N + chunk * c) * width, local = (g * L + at) * width;
-            std::memcpy(dst + (to_local ? local : whole), src + (to_local ? whole : local), std::size_t(c * width));
-          }
-          at += c;
-        }
-      };
       const std::vector<std::string> errors = on_every_gpu(P, [&](int r, ncclComm_t comm) {
         const std::size_t qb = std::size_t(qh * L * d * 2), kb = std::size_t(kh * L * d * 2);
         std::vector<unsigned char> ql(qb), kl(kb), vl(kb), ol(qb);
         std::vector<float> ll(std::size_t(qh * L));
-        rows(q.data(), ql.data(), qh, d * 2, true, r);
-        rows(k.data(), kl.data(), kh, d * 2, true, r);
-        rows(v.data(), vl.data(), kh, d * 2, true, r);
+        s.shard(r, q.data(), ql.data(), qh, d * 2);
+        s.shard(r, k.data(), kl.data(), kh, d * 2);
+        s.shard(r, v.data(), vl.data(), kh, d * 2);
         gpu::DeviceBuffer dq(qb), dk(kb), dv(kb), dout(qb), dlse(ll.size() * 4);
         dq.upload(ql.data(), qb), dk.upload(kl.data(), kb), dv.upload(vl.data(), kb);
         dout.poison(), dlse.poison();
@@ -459,9 +475,8 @@ TEST(RingAttentionNccl, TwoGpusGiveTheOneGpuRingsBits) {
                                 nullptr);
         dout.download(ol.data(), qb);
         dlse.download(ll.data(), ll.size() * 4);
-        rows(ol.data(), o.data(), qh, d * 2, false, r);  // ranks write disjoint rows
-        rows(reinterpret_cast<const unsigned char*>(ll.data()), reinterpret_cast<unsigned char*>(lse.data()), qh, 4,
-             false, r);
+        s.unshard(r, ol.data(), o.data(), qh, d * 2);  // ranks write disjoint rows
+        s.unshard(r, ll.data(), lse.data(), qh, 4);
       });
       for (int r = 0; r < P; ++r) ASSERT_EQ(errors[std::size_t(r)], "") << "rank " << r;
       EXPECT_EQ(o, o_one) << "O differs from the one-GPU ring's";

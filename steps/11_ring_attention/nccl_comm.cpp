@@ -3,8 +3,15 @@
 // NCCL; ring_attention.cpp holds what a build without it answers.
 #include <nccl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include "device.hpp"
 
 #include "cuda_check.cuh"
 #include "ring_gpu.hpp"
@@ -46,6 +53,83 @@ void* nccl_comm_init(const void* id, int ranks, int rank) {
 
 void nccl_comm_destroy(void* comm) {
   if (comm) check(ncclCommDestroy(static_cast<ncclComm_t>(comm)), "ncclCommDestroy");
+}
+
+std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, const void* q, const void* k,
+                                                   const void* v, void* o, float* lse, int reps, double* ms) {
+  s.validate();
+  int gpus = 0;
+  FL_CUDA_CHECK(cudaGetDeviceCount(&gpus));
+  if (gpus < s.ranks)
+    throw refused("a ring of " + std::to_string(s.ranks) + " ranks needs as many GPUs; this machine has " +
+                  std::to_string(gpus));
+  const int P = int(s.ranks);
+  const int64_t L = s.local_len(), d = s.attn.head_dim, e = int64_t(dtype_bytes(t));
+  const int64_t qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads;
+  std::vector<int> devs(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) devs[std::size_t(r)] = r;
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(P));
+  check(ncclCommInitAll(comms.data(), P, devs.data()), "ncclCommInitAll");
+  std::vector<std::string> errors(static_cast<std::size_t>(P));
+  struct Shards {
+    gpu::DeviceBuffer q, k, v, o, lse;
+  };
+  std::vector<Shards> sh(static_cast<std::size_t>(P));
+  // Every rank on its own thread; a phase ends for all before the next starts, so that a rank that
+  // failed is never waited for by the others' next call.
+  const auto on_every_rank = [&](const std::function<void(int)>& body) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < P; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          FL_CUDA_CHECK(cudaSetDevice(r));
+          body(r);
+        } catch (const std::exception& ex) {
+          errors[std::size_t(r)] = ex.what();
+        }
+      });
+    for (std::thread& th : threads) th.join();
+    return std::all_of(errors.begin(), errors.end(), [](const std::string& x) { return x.empty(); });
+  };
+  const std::size_t qb = std::size_t(qh * L * d * e), kb = std::size_t(kh * L * d * e);
+  const auto call = [&](int r) {
+    Shards& x = sh[std::size_t(r)];
+    nccl_ring_forward(s, t, x.q.get(), x.k.get(), x.v.get(), x.o.get(), static_cast<float*>(x.lse.get()),
+                      comms[std::size_t(r)], nullptr);
+  };
+  // The checked call: each rank's shards up, the ring, its rows back into o and lse (disjoint rows).
+  const bool ok = on_every_rank([&](int r) {
+    std::vector<unsigned char> host(std::max(qb, kb));
+    std::vector<float> rows(std::size_t(qh * L));
+    Shards& x = sh[std::size_t(r)];
+    x = {gpu::DeviceBuffer(qb), gpu::DeviceBuffer(kb), gpu::DeviceBuffer(kb), gpu::DeviceBuffer(qb),
+         gpu::DeviceBuffer(rows.size() * 4)};
+    s.shard(r, q, host.data(), qh, d * e), x.q.upload(host.data(), qb);
+    s.shard(r, k, host.data(), kh, d * e), x.k.upload(host.data(), kb);
+    s.shard(r, v, host.data(), kh, d * e), x.v.upload(host.data(), kb);
+    x.o.poison(), x.lse.poison();
+    call(r);
+    x.o.download(host.data(), qb);
+    s.unshard(r, host.data(), o, qh, d * e);
+    x.lse.download(rows.data(), rows.size() * 4);
+    s.unshard(r, rows.data(), lse, qh, 4);
+  });
+  // The timed calls, each rank's wall time of a call (rank 0's kept: every rank ends together).
+  std::vector<double> times;
+  if (ok && reps > 0)
+    on_every_rank([&](int r) {
+      for (int i = 0; i < reps; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        call(r);
+        if (r == 0) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    });
+  for (ncclComm_t c : comms) ncclCommDestroy(c);
+  if (ms) {
+    std::sort(times.begin(), times.end());
+    *ms = times.empty() ? 0.0 : times[times.size() / 2];
+  }
+  return errors;
 }
 
 }  // namespace fl::ring

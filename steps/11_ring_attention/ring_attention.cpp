@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
@@ -322,6 +323,30 @@ int64_t RingShape::global_row(int64_t rank, int64_t i) const {
   return chunks_of(rank)[std::size_t(i / chunk_len())] * chunk_len() + i % chunk_len();
 }
 
+void RingShape::shard(int64_t rank, const void* whole, void* local, int64_t groups, int64_t row_bytes) const {
+  const auto* src = static_cast<const unsigned char*>(whole);
+  auto* dst = static_cast<unsigned char*>(local);
+  int64_t at = 0;  // the chunk's first local row
+  for (int64_t c : chunks_of(rank)) {
+    for (int64_t g = 0; g < groups; ++g)
+      std::memcpy(dst + (g * local_len() + at) * row_bytes, src + (g * seq() + c * chunk_len()) * row_bytes,
+                  std::size_t(chunk_len() * row_bytes));
+    at += chunk_len();
+  }
+}
+
+void RingShape::unshard(int64_t rank, const void* local, void* whole, int64_t groups, int64_t row_bytes) const {
+  const auto* src = static_cast<const unsigned char*>(local);
+  auto* dst = static_cast<unsigned char*>(whole);
+  int64_t at = 0;
+  for (int64_t c : chunks_of(rank)) {
+    for (int64_t g = 0; g < groups; ++g)
+      std::memcpy(dst + (g * seq() + c * chunk_len()) * row_bytes, src + (g * local_len() + at) * row_bytes,
+                  std::size_t(chunk_len() * row_bytes));
+    at += chunk_len();
+  }
+}
+
 std::string RingShape::str() const {
   return attn.str() + " P=" + std::to_string(ranks) + " " + sharding_name(sharding);
 }
@@ -429,6 +454,10 @@ void* nccl_comm_init(const void*, int, int) {
   throw bad("this build has no NCCL (CMake found none): no communicator to make");
 }
 void nccl_comm_destroy(void*) { throw bad("this build has no NCCL (CMake found none): no communicator to free"); }
+std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape&, DType, const void*, const void*, const void*, void*,
+                                                   float*, int, double*) {
+  throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
+}
 #endif
 #if !FLASH_LADDER_HAS_CUDA
 const Rung& gpu_local_rung(DType) { throw bad("this build has no CUDA: the ring runs on the GPU only with it"); }

@@ -56,6 +56,10 @@ struct RingShape {
   std::vector<int64_t> chunks_of(int64_t rank) const;
   // The global position of local row i of rank r.
   int64_t global_row(int64_t rank, int64_t i) const;
+  // Rank r's rows of a whole host array [groups, N, row] (row_bytes a row) into its shard
+  // [groups, N / P, row], its chunks in order; unshard puts a shard's rows back in their places.
+  void shard(int64_t rank, const void* whole, void* local, int64_t groups, int64_t row_bytes) const;
+  void unshard(int64_t rank, const void* local, void* whole, int64_t groups, int64_t row_bytes) const;
   std::string str() const;  // "B=1 H=4 Hkv=1 Nq=96 Nk=96 d=64 causal=1 P=3 zigzag"
 };
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "ring_attention.hpp"
 
@@ -48,5 +49,15 @@ bool nccl_built();                        // this build has NCCL (CMake found it
 void nccl_unique_id(void* id);            // kNcclIdBytes bytes
 void* nccl_comm_init(const void* id, int ranks, int rank);
 void nccl_comm_destroy(void* comm);
+
+// The whole problem through the NCCL ring on GPUs 0 .. P − 1 of this process, a thread a rank (what
+// `ladder --ring P --device cuda` runs): q, k, v, o, lse HOST arrays of the whole problem in the
+// dtype's storage. Each rank's shards (its chunks in order) go to its GPU, it runs nccl_ring_forward
+// once (checked) and then `reps` more times, timed together (the median wall time of a call, in
+// *ms); its rows come back into o and lse. Returns each rank's error message ("" when it finished).
+// Throws InputError when this machine has fewer than P GPUs, and without NCCL.
+std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, const void* q, const void* k,
+                                                   const void* v, void* o, float* lse, int reps = 0,
+                                                   double* ms = nullptr);
 
 }  // namespace fl::ring
