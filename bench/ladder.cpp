@@ -1136,7 +1136,7 @@ int ring_gpu_main(const Options& opt) {
   const ForwardCheck fc = oracle.check_forward_of(ForwardOutputs{from_storage(o, t), lse});
   std::cout << "\nforward: " << fc.str() << " (" << (rows.empty() ? "every row" : std::to_string(rows.size()) + " sampled rows")
             << " of each head)\n"
-            << "time: " << sig3(ms) << " ms a call, the median of " << reps << " (wall clock, every rank's call; "
+            << "time: " << sig3(ms) << " ms a call, the median of " << reps << " (rank 0's wall clock; "
             << tflops(s.attn.flops_forward(), ms) << " TFLOP/s over " << s.ranks << (s.ranks == 1 ? " GPU)\n" : " GPUs)\n");
   return fc.pass ? 0 : 1;
 }

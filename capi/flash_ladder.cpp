@@ -137,6 +137,8 @@ fl::ring::RingShape to_ring_shape(const fl_ring_shape* c) {
   return s;
 }
 
+static_assert(FL_RING_ID_BYTES == fl::ring::kNcclIdBytes, "the header's id size is the ring's (NCCL's)");
+
 void require_nccl() {
   if (!fl::ring::nccl_built())
     throw NotFound("this build has no NCCL (CMake found none): the ring across GPUs is left out; "
@@ -735,7 +737,8 @@ fl_status fl_ring_forward(const fl_ring_shape* shape, fl_dtype dtype, const void
     require_nccl();
     require_gpu("fl_ring_forward_host");
     // Nothing this rank is given may stop it before the ranks' agreement: the others would wait
-    // for it there. A NULL shape (taken as all zeros) or an unknown dtype is handed on as refused,
+    // for it there. A NULL shape (RingShape's defaults stand in) or an unknown dtype is handed on as
+    // refused,
     // a bad shape is refused there, and every rank returns FL_ERR_INVALID together.
     std::string refused;
     fl::ring::RingShape s;

@@ -293,8 +293,12 @@ FL_API fl_status fl_ring_comm_destroy(void* comm);
 /* This rank's forward: its shards in DEVICE memory (layouts above), nccl_comm an ncclComm_t of
  * shape->ranks ranks, queued on cuda_stream (NULL: the default stream); returns when the rank's work
  * is done. Every rank calls it with the same shape and dtype (fp16 or bf16; d = 64 or 128): the
- * ranks first agree over the communicator, and a rank given another shape, a bad argument or a
- * communicator of another size makes every rank return FL_ERR_INVALID, none hangs. */
+ * ranks first agree over the communicator, and a rank given another shape, a bad argument (any but
+ * the communicator itself: a NULL one returns at once) or a communicator of another size makes
+ * every rank return FL_ERR_INVALID, none hangs; a rank that could not get its memory says so the
+ * same way (FL_ERR_INVALID, the message naming it). A CUDA error in the middle of the ring is
+ * returned by the rank it happened on (FL_ERR_CUDA) once the ring is done, the others returning
+ * FL_OK: a caller that loops over calls should stop every rank when one fails. */
 FL_API fl_status fl_ring_forward(const fl_ring_shape* shape, fl_dtype dtype, const void* q, const void* k,
                                  const void* v, void* o, float* lse, void* nccl_comm, void* cuda_stream);
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -33,7 +34,7 @@ static_assert(kNcclIdBytes == NCCL_UNIQUE_ID_BYTES, "ring_gpu.hpp's id size is N
 bool nccl_built() { return true; }
 
 void nccl_unique_id(void* id) {
-  if (!id) throw refused("id is null: pass kNcclIdBytes (128) bytes to receive the unique id");
+  if (!id) throw refused("id is null: pass FL_RING_ID_BYTES (128) bytes to receive the unique id");
   ncclUniqueId u;
   check(ncclGetUniqueId(&u), "ncclGetUniqueId");
   std::memcpy(id, &u, sizeof u);
@@ -68,15 +69,23 @@ std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, 
   const int64_t qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads;
   std::vector<int> devs(static_cast<std::size_t>(P));
   for (int r = 0; r < P; ++r) devs[std::size_t(r)] = r;
+  setenv("NCCL_NVLS_ENABLE", "0", 0);  // no NVLink multicast for these communicators (a set value stays)
   std::vector<ncclComm_t> comms(static_cast<std::size_t>(P));
   check(ncclCommInitAll(comms.data(), P, devs.data()), "ncclCommInitAll");
+  struct Comms {  // freed however this function ends
+    std::vector<ncclComm_t>& c;
+    ~Comms() {
+      for (ncclComm_t x : c) ncclCommDestroy(x);
+    }
+  } guard{comms};
   std::vector<std::string> errors(static_cast<std::size_t>(P));
   struct Shards {
     gpu::DeviceBuffer q, k, v, o, lse;
   };
   std::vector<Shards> sh(static_cast<std::size_t>(P));
-  // Every rank on its own thread; a phase ends for all before the next starts, so that a rank that
-  // failed is never waited for by the others' next call.
+  // Every rank on its own thread, a phase joined before the next: a phase that calls the ring has
+  // every rank call it, and the next starts only if all of them finished, so that no rank is ever
+  // left waiting in the ring for one that failed before it or stopped after it.
   const auto on_every_rank = [&](const std::function<void(int)>& body) {
     std::vector<std::thread> threads;
     for (int r = 0; r < P; ++r)
@@ -97,34 +106,37 @@ std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, 
     nccl_ring_forward(s, t, x.q.get(), x.k.get(), x.v.get(), x.o.get(), static_cast<float*>(x.lse.get()),
                       comms[std::size_t(r)], nullptr);
   };
-  // The checked call: each rank's shards up, the ring, its rows back into o and lse (disjoint rows).
-  const bool ok = on_every_rank([&](int r) {
+  // Each rank's shards up (its memory, its copies: what can fail on one rank alone, before any rank
+  // enters the ring).
+  bool ok = on_every_rank([&](int r) {
     std::vector<unsigned char> host(std::max(qb, kb));
-    std::vector<float> rows(std::size_t(qh * L));
     Shards& x = sh[std::size_t(r)];
     x = {gpu::DeviceBuffer(qb), gpu::DeviceBuffer(kb), gpu::DeviceBuffer(kb), gpu::DeviceBuffer(qb),
-         gpu::DeviceBuffer(rows.size() * 4)};
+         gpu::DeviceBuffer(std::size_t(qh * L) * 4)};
     s.shard(r, q, host.data(), qh, d * e), x.q.upload(host.data(), qb);
     s.shard(r, k, host.data(), kh, d * e), x.k.upload(host.data(), kb);
     s.shard(r, v, host.data(), kh, d * e), x.v.upload(host.data(), kb);
     x.o.poison(), x.lse.poison();
+  });
+  // The checked call, each rank's rows back into o and lse (disjoint rows).
+  ok = ok && on_every_rank([&](int r) {
     call(r);
+    Shards& x = sh[std::size_t(r)];
+    std::vector<unsigned char> host(qb);
+    std::vector<float> rows(std::size_t(qh * L));
     x.o.download(host.data(), qb);
     s.unshard(r, host.data(), o, qh, d * e);
     x.lse.download(rows.data(), rows.size() * 4);
     s.unshard(r, rows.data(), lse, qh, 4);
   });
-  // The timed calls, each rank's wall time of a call (rank 0's kept: every rank ends together).
+  // The timed calls, one phase each; rank 0's wall time of a call is kept.
   std::vector<double> times;
-  if (ok && reps > 0)
-    on_every_rank([&](int r) {
-      for (int i = 0; i < reps; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        call(r);
-        if (r == 0) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
+  for (int i = 0; ok && i < reps; ++i)
+    ok = on_every_rank([&](int r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      call(r);
+      if (r == 0) times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     });
-  for (ncclComm_t c : comms) ncclCommDestroy(c);
   if (ms) {
     std::sort(times.begin(), times.end());
     *ms = times.empty() ? 0.0 : times[times.size() / 2];

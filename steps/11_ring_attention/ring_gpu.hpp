@@ -54,7 +54,9 @@ void nccl_comm_destroy(void* comm);
 // `ladder --ring P --device cuda` runs): q, k, v, o, lse HOST arrays of the whole problem in the
 // dtype's storage. Each rank's shards (its chunks in order) go to its GPU, it runs nccl_ring_forward
 // once (checked) and then `reps` more times, timed together (the median wall time of a call, in
-// *ms); its rows come back into o and lse. Returns each rank's error message ("" when it finished).
+// *ms, rank 0's); its rows come back into o and lse. Each phase (the shards up, each call) runs on
+// every rank and ends for all before the next begins, so a rank that fails stops them all without a
+// hang. Returns each rank's error message ("" when it finished).
 // Throws InputError when this machine has fewer than P GPUs, and without NCCL.
 std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, const void* q, const void* k,
                                                    const void* v, void* o, float* lse, int reps = 0,

@@ -54,9 +54,9 @@ void agree_or_throw(const RingShape& s, DType t, const std::string& local_error,
     if (both[i] != -both[n + i])
       differ += std::string(differ.empty() ? "" : ", ") + names[i] + " from " + std::to_string(-both[n + i]) + " to " +
                 std::to_string(both[i]);
+  if (!local_error.empty()) throw bad(local_error);  // this rank's own reason first
   if (!differ.empty()) throw bad("the ranks disagree on the call: " + differ + "; every rank must pass the same problem");
-  if (-both[2 * n - 1] == 0)
-    throw bad(local_error.empty() ? "another rank refused its arguments (its own error says why)" : local_error);
+  if (-both[2 * n - 1] == 0) throw bad("another rank refused its arguments (its own error says why)");
   if (count != s.ranks)
     throw bad("the communicator has " + std::to_string(count) + " ranks and the problem " + std::to_string(s.ranks));
 }
