@@ -1088,6 +1088,16 @@ int decode_main(const Options& opt) {
   return failed ? 1 : 0;
 }
 
+// The query rows the oracle checks for --verify-rows on a sequence of n rows: all (empty) up to
+// kAllRowsUpTo, else a sample; a count asked for, or -1 for all.
+std::vector<int64_t> rows_to_verify(const Options& opt, int64_t n) {
+  std::vector<int64_t> rows;
+  if (opt.verify_rows > 0) rows = sample_rows(n, opt.verify_rows);
+  else if (opt.verify_rows == 0 && n > kAllRowsUpTo) rows = sample_rows(n, kSampledRows);
+  if (int64_t(rows.size()) == n) rows.clear();
+  return rows;
+}
+
 // ---- --ring: rung 11 -----------------------------------------------------------------------------
 
 // --ring P --device cuda: the ring's forward over NCCL on GPUs 0 .. P − 1, a thread a rank
@@ -1100,9 +1110,7 @@ int ring_gpu_main(const Options& opt) {
   s.validate();
   const DType t = opt.dtype;
   const int64_t n = s.seq();
-  std::vector<int64_t> rows;
-  if (opt.verify_rows > 0) rows = sample_rows(n, opt.verify_rows);
-  else if (opt.verify_rows == 0 && n > kAllRowsUpTo) rows = sample_rows(n, kSampledRows);
+  const std::vector<int64_t> rows = rows_to_verify(opt, n);
   if (std::string why; !gpu::available(&why))
     throw InputError("--ring P --device cuda: no GPU to run on (" + why + "); without --device cuda the ring runs "
                      "as its CPU twin");
@@ -1242,9 +1250,7 @@ int ladder_main(int argc, char** argv) {
                         [](const Rung* r) { return r->backend() == Backend::Cpu; });
 
   const int64_t nq = p.shape.seq_q;
-  if (opt.verify_rows > 0) p.verify_rows = sample_rows(nq, opt.verify_rows);
-  else if (opt.verify_rows == 0 && nq > kAllRowsUpTo) p.verify_rows = sample_rows(nq, kSampledRows);
-  if (int64_t(p.verify_rows.size()) == nq) p.verify_rows.clear();
+  p.verify_rows = rows_to_verify(opt, nq);
   // Refused before anything is allocated when it cannot fit (exit status 2), with the figures.
   HostNeed need = host_bytes_needed(p, rungs, opt);
   p.forward_skip = std::move(need.forward_skip);

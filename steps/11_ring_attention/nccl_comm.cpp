@@ -63,7 +63,7 @@ std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, 
   FL_CUDA_CHECK(cudaGetDeviceCount(&gpus));
   if (gpus < s.ranks)
     throw refused("a ring of " + std::to_string(s.ranks) + " ranks needs as many GPUs; this machine has " +
-                  std::to_string(gpus));
+                  std::to_string(gpus) + ": ask for at most that many ranks (the CPU twin simulates any number)");
   const int P = int(s.ranks);
   const int64_t L = s.local_len(), d = s.attn.head_dim, e = int64_t(dtype_bytes(t));
   const int64_t qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads;
