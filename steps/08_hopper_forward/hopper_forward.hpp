@@ -21,9 +21,6 @@
 //                read from shared memory once, not twice (shared memory's bandwidth).
 //   v7_descriptors  the wgmma descriptors built once and advanced by constants: fewer
 //                instructions a step.
-//   v8_softmax_under_pv  a branch that never fires ends the basic block before the wait for
-//                P·V, so ptxas can no longer hoist that wait above the softmax: the softmax of
-//                block j runs under P_{j−1} V_{j−1}, as v2 meant.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -36,7 +33,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8SoftmaxUnderPv };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors };
 
 struct VersionInfo {
   Version version;
@@ -60,12 +57,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v5 + S = Q*K^T as one m64n128k16 wgmma a k-step (Q read from shared memory once, not twice)"},
     {Version::V7Descriptors, "08_hopper_forward/v7_descriptors",
      "v6 + the wgmma descriptors built once and advanced by constants (fewer instructions a step)"},
-    {Version::V8SoftmaxUnderPv, "08_hopper_forward/v8_softmax_under_pv",
-     "v7 + the wait for P*V kept below the softmax (a never-taken warp-uniform branch ends ptxas's basic "
-     "block), so the softmax of block j runs under P_{j-1}*V_{j-1}"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V8SoftmaxUnderPv) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V7Descriptors) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.
