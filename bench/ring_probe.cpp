@@ -60,7 +60,7 @@ kernels' speed on one step of the problem, then prints the model's hiding length
                     L = N / P queries against L keys
   --fwd-rung NAME   the forward a step runs (default: the first available of
                     08_hopper_forward/v7_descriptors, 06_tensor_core_mma/v9_one_sync)
-  --bwd-rung NAME   the backward (default: the first available of 09_hopper_backward/v8_k_in_place,
+  --bwd-rung NAME   the backward (default: the first available of 09_hopper_backward/v9_dk_in_flight,
                     07_backward_recompute/v4_2d_tiles)
   --efficiency LIST sequence lengths N at which to time the ring's forward (rung 11's v2_nccl, a
                     thread a GPU) against the forward rung on one GPU on the whole problem, causal,
@@ -164,7 +164,7 @@ struct Rate {
 std::pair<Rate, Rate> local_rates(const Options& o, const AttentionShape& step) {
   PROBE_CUDA(cudaSetDevice(0));
   const Rung* fwd = pick(o.fwd_rung, {"08_hopper_forward/v7_descriptors", "06_tensor_core_mma/v9_one_sync"});
-  const Rung* bwd = pick(o.bwd_rung, {"09_hopper_backward/v8_k_in_place", "07_backward_recompute/v4_2d_tiles"});
+  const Rung* bwd = pick(o.bwd_rung, {"09_hopper_backward/v9_dk_in_flight", "07_backward_recompute/v4_2d_tiles"});
   if (!fwd) throw InputError("no forward rung of this build runs on this GPU");
   const std::size_t e = dtype_bytes(o.dtype);
   const std::size_t qb = std::size_t(step.batch * step.heads * step.seq_q * step.head_dim) * e;

@@ -22,6 +22,8 @@
 //                     not by the warps that multiply.
 //   v8_k_in_place     v7 whose dQ product reads K where it is (MN-major), with no transposed copy;
 //                     the room it took gives d = 128 a second dQ staging tile and writer.
+//   v9_dk_in_flight   v8 whose step ends with dK's product still running (dQ committed before
+//                     it), under the dQ staging and the next step's start.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -37,7 +39,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight };
 
 struct VersionInfo {
   Version version;
@@ -71,9 +73,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v7 + dQ reads K where it is (an MN-major operand), no transposed copy; the room gives d = 128 a second dQ "
      "staging tile and writer",
      true},
+    {Version::V9DkInFlight, "09_hopper_backward/v9_dk_in_flight",
+     "v8 + dK committed after dQ and left running across the step's end, under the dQ staging and the next "
+     "step's start",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V8KInPlace) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V9DkInFlight) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
