@@ -21,6 +21,8 @@
 //                read from shared memory once, not twice (shared memory's bandwidth).
 //   v7_descriptors  the wgmma descriptors built once and advanced by constants: fewer
 //                instructions a step.
+//   v8_short_chains  each row's maximum and sum over four running partials, not one: the
+//                softmax's dependency chains a quarter as long.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -33,7 +35,7 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains };
 
 struct VersionInfo {
   Version version;
@@ -57,9 +59,11 @@ inline constexpr VersionInfo kVersions[] = {
      "v5 + S = Q*K^T as one m64n128k16 wgmma a k-step (Q read from shared memory once, not twice)"},
     {Version::V7Descriptors, "08_hopper_forward/v7_descriptors",
      "v6 + the wgmma descriptors built once and advanced by constants (fewer instructions a step)"},
+    {Version::V8ShortChains, "08_hopper_forward/v8_short_chains",
+     "v7 + each row's maximum and sum over four running partials instead of one (dependency chains of 8, not 32)"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V7Descriptors) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V8ShortChains) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.
