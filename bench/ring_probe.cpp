@@ -59,7 +59,7 @@ kernels' speed on one step of the problem, then prints the model's hiding length
                     the whole problem (default 1, 32, 8, 131072, 128, bf16); a step is
                     L = N / P queries against L keys
   --fwd-rung NAME   the forward a step runs (default: the first available of
-                    08_hopper_forward/v7_descriptors, 06_tensor_core_mma/v9_one_sync)
+                    08_hopper_forward/v8_short_chains, 06_tensor_core_mma/v9_one_sync)
   --bwd-rung NAME   the backward (default: the first available of 09_hopper_backward/v9_dk_in_flight,
                     07_backward_recompute/v4_2d_tiles)
   --efficiency LIST sequence lengths N at which to time the ring's forward (rung 11's v2_nccl, a
@@ -163,7 +163,7 @@ struct Rate {
 // F of one step's block pair: L queries against L keys, not causal, on GPU 0.
 std::pair<Rate, Rate> local_rates(const Options& o, const AttentionShape& step) {
   PROBE_CUDA(cudaSetDevice(0));
-  const Rung* fwd = pick(o.fwd_rung, {"08_hopper_forward/v7_descriptors", "06_tensor_core_mma/v9_one_sync"});
+  const Rung* fwd = pick(o.fwd_rung, {"08_hopper_forward/v8_short_chains", "06_tensor_core_mma/v9_one_sync"});
   const Rung* bwd = pick(o.bwd_rung, {"09_hopper_backward/v9_dk_in_flight", "07_backward_recompute/v4_2d_tiles"});
   if (!fwd) throw InputError("no forward rung of this build runs on this GPU");
   const std::size_t e = dtype_bytes(o.dtype);

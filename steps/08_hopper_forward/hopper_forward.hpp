@@ -21,8 +21,8 @@
 //                read from shared memory once, not twice (shared memory's bandwidth).
 //   v7_descriptors  the wgmma descriptors built once and advanced by constants: fewer
 //                instructions a step.
-//   v8_short_chains  each row's maximum and sum over four running partials, not one: the
-//                softmax's dependency chains a quarter as long.
+//   v8_short_chains  at d = 128, each row's maximum and sum over four running partials, not
+//                one: the softmax's dependency chains a quarter as long.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -60,7 +60,8 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V7Descriptors, "08_hopper_forward/v7_descriptors",
      "v6 + the wgmma descriptors built once and advanced by constants (fewer instructions a step)"},
     {Version::V8ShortChains, "08_hopper_forward/v8_short_chains",
-     "v7 + each row's maximum and sum over four running partials instead of one (dependency chains of 8, not 32)"},
+     "v7 + at d = 128, each row's maximum and sum over four running partials instead of one (dependency "
+     "chains of 8, not 32)"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V8ShortChains) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");

@@ -10,11 +10,15 @@
 // and 18 % (d = 64) of its warp samples, most of them waiting on a fixed latency, and they sit on
 // the consumers' chain (wait for S, softmax, issue P·V) that sets the pace.
 //
-// What changed: four partial maxima and four partial sums a row (scores j, j + 4, j + 8, … in
-// partial j % 4), both rows in one loop, the partials combined at the end: the same count of
-// instructions, chains of 8 instead of 32, and eight of them side by side. The maximum is the
-// same number in any order. The sum is added in another order, which moves ℓ by a rounding or two
-// of fp32, far inside what rounding P to 16 bits moves.
+// What changed, at d = 128: four partial maxima and four partial sums a row (scores j, j + 4,
+// j + 8, … in partial j % 4), both rows in one loop, the partials combined at the end: about the
+// same count of instructions, chains of 8 instead of 32, and eight of them side by side. The
+// maximum is the same number in any order. The sum is added in another order, which moves ℓ by a
+// rounding or two of fp32, far inside what rounding P to 16 bits moves. At d = 64 the softmax is
+// v7's: there the same change ran at 0.89–1.00× v7 (run 55). ptxas then computes both rows'
+// maxima before any exponential, where with v7's chains it interleaves the second row's maximum
+// with the first row's exponentials, and at d = 64, where a step's products are half as long,
+// that overlap is worth more than the shorter chains.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -226,41 +230,66 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       }
     }
 
-    // The online softmax on the accumulators, rung 06's, on this thread's two rows. Element i of
-    // half n is row h = (i/2) % 2's score number 16n + 2(i/4) + i%2; its partials are that % 4.
+    // The online softmax on the accumulators, rung 06's, on this thread's two rows. At d = 128 each
+    // row's maximum and sum run over four partials (element i of half n is row h = (i/2) % 2's
+    // score number 16n + 2(i/4) + i%2; its partial is that % 4); at d = 64 as in v7 (the header
+    // says why).
     float alpha[2];
-    float mx[2][4];
+    if constexpr (D == 128) {
+      float mx[2][4];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) mx[h][k] = -INFINITY;  // in raw score units: the scale is positive
+        for (int k = 0; k < 4; ++k) mx[h][k] = -INFINITY;  // in raw score units: the scale is positive
 #pragma unroll
-    for (int n = 0; n < NS; ++n)
+      for (int n = 0; n < NS; ++n)
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int h = (i / 2) % 2, k = (2 * (i / 4) + i % 2) % 4;
-        mx[h][k] = fmaxf(mx[h][k], s[n][i]);
+        for (int i = 0; i < 32; ++i) {
+          const int h = (i / 2) % 2, k = (2 * (i / 4) + i % 2) % 4;
+          mx[h][k] = fmaxf(mx[h][k], s[n][i]);
+        }
+      float ref[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float row_max = fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3]));
+        const float m_new = fmaxf(m[h], group_reduce<4>(row_max, MaxOp{}) * scale_log2);
+        ref[h] = m_new == -INFINITY ? 0.f : m_new;  // no −∞ − −∞ for a row with nothing yet
+        alpha[h] = fast_exp2(m[h] - ref[h]);
+        m[h] = m_new;
       }
-    float ref[2];
+      float sum[2][4] = {};
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float row_max = fmaxf(fmaxf(mx[h][0], mx[h][1]), fmaxf(mx[h][2], mx[h][3]));
-      const float m_new = fmaxf(m[h], group_reduce<4>(row_max, MaxOp{}) * scale_log2);
-      ref[h] = m_new == -INFINITY ? 0.f : m_new;  // no −∞ − −∞ for a row with nothing yet
-      alpha[h] = fast_exp2(m[h] - ref[h]);
-      m[h] = m_new;
+      for (int n = 0; n < NS; ++n)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int h = (i / 2) % 2, k = (2 * (i / 4) + i % 2) % 4;
+          sum[h][k] += (s[n][i] = fast_exp2(fmaf(s[n][i], scale_log2, -ref[h])));
+        }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)  // this thread's part; the quad adds its parts at the end
+        l[h] = alpha[h] * l[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;  // in raw score units: the scale is positive, so max commutes
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            if ((i / 2) % 2 == h) mx = fmaxf(mx, s[n][i]);
+        const float m_new = fmaxf(m[h], group_reduce<4>(mx, MaxOp{}) * scale_log2);
+        const float ref = m_new == -INFINITY ? 0.f : m_new;  // no −∞ − −∞ for a row with nothing yet
+        alpha[h] = fast_exp2(m[h] - ref);
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            if ((i / 2) % 2 == h) sum += (s[n][i] = fast_exp2(fmaf(s[n][i], scale_log2, -ref)));
+        l[h] = alpha[h] * l[h] + sum;  // this thread's part; the quad adds its parts at the end
+        m[h] = m_new;
+      }
     }
-    float sum[2][4] = {};
-#pragma unroll
-    for (int n = 0; n < NS; ++n)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const int h = (i / 2) % 2, k = (2 * (i / 4) + i % 2) % 4;
-        sum[h][k] += (s[n][i] = fast_exp2(fmaf(s[n][i], scale_log2, -ref[h])));
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h)  // this thread's part; the quad adds its parts at the end
-      l[h] = alpha[h] * l[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
 
     // P_{j−1} V_{j−1} has landed in O: block jb − 1's buffer is free as far as this warpgroup
     // goes (the producer refills it once both consumers have said so). Then rescale O by this

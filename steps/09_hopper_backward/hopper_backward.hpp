@@ -85,7 +85,7 @@ static_assert(int(Version::V9DkInFlight) + 1 == int(std::size(kVersions)), "a Ve
 inline constexpr int64_t kBc = 128;
 
 // The forward the versions pair with (the ladder's and the C ABI's forward of a backward rung).
-inline constexpr const char* kForward = "08_hopper_forward/v7_descriptors";
+inline constexpr const char* kForward = "08_hopper_forward/v8_short_chains";
 
 // v6's launch order in the deterministic mode: block `at` of the grid (in launch order, of
 // n_kv · pairs) takes rank `rank` in the order of turns (rank 0: the last K/V block, which adds

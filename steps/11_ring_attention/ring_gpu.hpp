@@ -12,7 +12,7 @@
 
 namespace fl::ring {
 
-// The forward rung a step runs on this GPU: 08_hopper_forward/v7_descriptors where the GPU runs it,
+// The forward rung a step runs on this GPU: 08_hopper_forward/v8_short_chains where the GPU runs it,
 // else 06_tensor_core_mma/v9_one_sync; fp16 and bf16. Throws InputError when there is none.
 const Rung& gpu_local_rung(DType t);
 

@@ -45,7 +45,7 @@ void forward(const RingShape& s, DType t, const T* q, const T* k, const T* v, T*
 }  // namespace
 
 const Rung& gpu_local_rung(DType t) {
-  for (const char* name : {"08_hopper_forward/v7_descriptors", "06_tensor_core_mma/v9_one_sync"}) {
+  for (const char* name : {"08_hopper_forward/v8_short_chains", "06_tensor_core_mma/v9_one_sync"}) {
     const Rung* r = Registry::instance().find(name, Backend::Cuda);
     if (!r || !r->unavailable().empty()) continue;
     const std::vector<DType> ts = r->caps().dtypes;
