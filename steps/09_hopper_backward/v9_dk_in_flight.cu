@@ -4,7 +4,7 @@
 // Why: every step of v8 ended with wait<0>, for dV, dK and dQ together, before it staged its share
 // of dQ, and began the next step with its tensor cores idle: the staging stores, the fence, the
 // mbarriers and the barrier between the warpgroups all ran under no product of this warpgroup.
-// Nsight Compute put about 7 % of the warps' waits there ("waiting for a step's last products").
+// Nsight Compute put about 7 % of the warps' samples there ("waiting for a step's last products").
 // wgmma groups complete in the order they were committed, so a step can leave a product running
 // only if it was committed last; dQ cannot be last, since its staging needs it. dK can: it
 // reads dSᵀ from registers and Q from shared memory, and nothing in the step after it.
