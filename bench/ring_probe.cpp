@@ -21,7 +21,10 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <iostream>
 #include <random>
 #include <string>
@@ -62,9 +65,11 @@ kernels' speed on one step of the problem, then prints the model's hiding length
                     08_hopper_forward/v8_short_chains, 06_tensor_core_mma/v9_one_sync)
   --bwd-rung NAME   the backward (default: the first available of 09_hopper_backward/v9_dk_in_flight,
                     07_backward_recompute/v4_2d_tiles)
-  --efficiency LIST sequence lengths N at which to time the ring's forward (rung 11's v2_nccl, a
-                    thread a GPU) against the forward rung on one GPU on the whole problem, causal,
-                    zigzag (e.g. 16384,65536,131072)
+  --efficiency LIST sequence lengths N at which to time the ring (a thread a GPU, causal, zigzag)
+                    against the same rungs on one GPU on the whole problem, and to compare their
+                    outputs (e.g. 16384,65536,131072)
+  --ring-versions L the ring versions --efficiency runs (default v5_backward, forward and backward;
+                    v2_nccl, v3_kept and v4_overlap run the forward only)
   --json FILE       also write the measurements as JSON
   --help            this text
 )";
@@ -77,6 +82,7 @@ struct Options {
   DType dtype = DType::BF16;
   std::string fwd_rung, bwd_rung, json;
   std::vector<int64_t> efficiency;  // N values for the ring's own timing
+  std::vector<std::string> versions = {"v5_backward"};  // the ring versions --efficiency times
 };
 
 Options parse(int argc, char** argv) {
@@ -115,6 +121,14 @@ Options parse(int argc, char** argv) {
     else if (f == "--fwd-rung") o.fwd_rung = next();
     else if (f == "--bwd-rung") o.bwd_rung = next();
     else if (f == "--json") o.json = next();
+    else if (f == "--ring-versions") {
+      o.versions = bench::split_commas(next());
+      for (const std::string& v : o.versions) {
+        const std::vector<std::string>& known = ring::nccl_ring_versions();
+        if (v != "v2_nccl" && std::find(known.begin(), known.end(), v) == known.end())
+          throw InputError("--ring-versions: no version '" + v + "' (v2_nccl, v3_kept, v4_overlap, v5_backward)");
+      }
+    }
     else if (f == "--efficiency") {
       for (const std::string& s : bench::split_commas(next())) {
         int64_t x = 0;
@@ -259,15 +273,77 @@ std::vector<Link> link_rates(const Options& o, int p) {
   return out;
 }
 
+// Whole-problem host arrays in the dtype's storage: a random block of a prime-ish number of
+// elements, tiled (so no two rows of one array at a shard's or a chunk's distance are alike, and a
+// misplaced row shows in the comparison), quick to make at any N.
+std::vector<unsigned char> host_random(std::size_t elems, DType t, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<float> block((1u << 19) + 7);
+  for (float& x : block) x = normal(rng);
+  const std::vector<unsigned char> one = to_storage(block, t);
+  const std::size_t e = dtype_bytes(t), bytes = elems * e;
+  std::vector<unsigned char> out(bytes);
+  for (std::size_t at = 0; at < bytes; at += one.size()) std::memcpy(out.data() + at, one.data(), std::min(one.size(), bytes - at));
+  return out;
+}
+
+// ‖a − b‖ / ‖b‖ over two arrays in the dtype's storage (or fp32 when t is F32).
+double rel_l2(const std::vector<unsigned char>& a, const std::vector<unsigned char>& b, DType t) {
+  const std::vector<float> x = from_storage(a, t), y = from_storage(b, t);
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double dlt = double(x[i]) - double(y[i]);
+    num += dlt * dlt, den += double(y[i]) * double(y[i]);
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 struct Efficiency {
   int64_t n = 0;
-  double one_ms = NAN, ring_ms = NAN, eff = NAN;
+  std::string version;
+  double one_fwd = NAN, one_bwd = NAN;              // the local rungs on one GPU, the whole problem (CUDA events)
+  double open_ms = NAN, ring_fwd = NAN, ring_bwd = NAN;  // the ring's calls (wall clock, every rank's thread joined)
+  double eff_fwd = NAN, eff_bwd = NAN, eff = NAN;   // t_1 / (P · t_P): forward, backward, both
+  double err_o = NAN, err_lse = NAN, err_dq = NAN, err_dk = NAN, err_dv = NAN, bar = NAN;  // ring against one GPU
   std::string error;
 };
 
-// The ring's forward (v2_nccl, a thread a GPU, causal, zigzag) at each N against the local forward
-// rung on the whole problem on GPU 0. Times are wall-clock medians of whole calls (the ring's
-// call returns when its rank is done); the one-GPU time is the rung alone (CUDA events).
+// Runs body(rank) on a thread a GPU (cudaSetDevice(rank) first); the wall time of the whole, in
+// ms. Throws the first rank's error after all have joined.
+double on_ranks(int p, const std::function<void(int)>& body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(p));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int i = 0; i < p; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        PROBE_CUDA(cudaSetDevice(i));
+        body(i);
+        PROBE_CUDA(cudaDeviceSynchronize());
+      } catch (const std::exception& ex) {
+        errors[std::size_t(i)] = ex.what();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < p; ++i)
+    if (!errors[std::size_t(i)].empty()) throw std::runtime_error("rank " + std::to_string(i) + ": " + errors[std::size_t(i)]);
+  return ms;
+}
+
+double median(std::vector<double> x) {
+  if (x.empty()) return NAN;
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+// At each N: the local rungs on GPU 0 on the whole problem (forward, and the backward when a
+// version asked for has one), then each ring version on the same inputs, sharded (causal,
+// zigzag), a thread a GPU: its forward (and backward) timed by the wall clock over `reps` calls
+// after one, and its outputs compared with the one-GPU ones. "v2_nccl" is the call that sets up
+// its rank every time (nccl_ring_forward); the others are opened once (nccl_ring_open, timed
+// apart) and called.
 std::vector<Efficiency> ring_efficiency(const Options& o, int p) {
   std::vector<Efficiency> out;
   std::vector<int> devs(static_cast<std::size_t>(p));
@@ -275,75 +351,159 @@ std::vector<Efficiency> ring_efficiency(const Options& o, int p) {
   std::vector<ncclComm_t> comms(static_cast<std::size_t>(p));
   PROBE_NCCL(ncclCommInitAll(comms.data(), p, devs.data()));
   const std::size_t e = dtype_bytes(o.dtype);
+  const int reps = std::max(1, std::min(o.reps, 5));
+  bool any_backward = false;
+  for (const std::string& v : o.versions) any_backward |= v == "v5_backward";
   for (int64_t n : o.efficiency) {
-    Efficiency r;
-    r.n = n;
+    ring::RingShape s{o.shape, p, ring::Sharding::Zigzag};
+    s.attn.seq_q = s.attn.seq_k = n, s.attn.causal = true;
+    const int64_t qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads, d = s.attn.head_dim;
+    const int64_t L = n / p;
+    const std::size_t qe = std::size_t(qh * n * d), ke = std::size_t(kh * n * d);
+    Efficiency one;
+    std::vector<unsigned char> q, k, v, dout, o1, dq1, dk1, dv1;
+    std::vector<float> lse1;
     try {
-      ring::RingShape s{o.shape, p, ring::Sharding::Zigzag};
-      s.attn.seq_q = s.attn.seq_k = n, s.attn.causal = true;
       s.validate();
-      const Rung& local = ring::gpu_local_rung(o.dtype);
-      {  // one GPU, the whole problem
-        PROBE_CUDA(cudaSetDevice(0));
-        const std::size_t qb = std::size_t(s.attn.batch * s.attn.heads * n * s.attn.head_dim) * e,
-                          kb = std::size_t(s.attn.batch * s.attn.kv_heads * n * s.attn.head_dim) * e;
-        gpu::require_memory(2 * qb + 2 * kb + std::size_t(s.attn.lse_elems()) * 4, "the one-GPU forward at N = " + std::to_string(n));
-        gpu::DeviceBuffer q = random_buffer(qb, o.dtype, 1), k = random_buffer(kb, o.dtype, 2),
-                          v = random_buffer(kb, o.dtype, 3), out(qb), lse(std::size_t(s.attn.lse_elems()) * 4),
-                          ws(std::max<std::size_t>(16, local.workspace_bytes(s.attn, o.dtype)));
-        ForwardArgs fa;
-        fa.q = q.get(), fa.k = k.get(), fa.v = v.get(), fa.o = out.get(), fa.lse = static_cast<float*>(lse.get());
-        fa.workspace = ws.get();
-        local.check(s.attn, o.dtype, fa);
-        r.one_ms = gpu::time_ms([&] { local.forward(s.attn, o.dtype, fa); }, 1, 5, [] { gpu::flush_l2(); });
+      std::cerr << "N = " << n << ": drawing the inputs, the one-GPU run...\n";
+      q = host_random(qe, o.dtype, 1), k = host_random(ke, o.dtype, 2), v = host_random(ke, o.dtype, 3);
+      dout = host_random(qe, o.dtype, 4);
+      o1.resize(qe * e), dq1.resize(qe * e), dk1.resize(ke * e), dv1.resize(ke * e), lse1.resize(std::size_t(qh * n));
+      PROBE_CUDA(cudaSetDevice(0));
+      const Rung& fwd = ring::gpu_local_rung(o.dtype);
+      gpu::DeviceBuffer dq_(qe * e), dk_(ke * e), dv_(ke * e), do_(qe * e), out_(qe * e), lse_(lse1.size() * 4),
+          ws(std::max<std::size_t>(16, fwd.workspace_bytes(s.attn, o.dtype)));
+      dq_.upload(q.data(), qe * e), dk_.upload(k.data(), ke * e), dv_.upload(v.data(), ke * e), do_.upload(dout.data(), qe * e);
+      ForwardArgs fa;
+      fa.q = dq_.get(), fa.k = dk_.get(), fa.v = dv_.get(), fa.o = out_.get(), fa.lse = static_cast<float*>(lse_.get());
+      fa.workspace = ws.get();
+      fwd.check(s.attn, o.dtype, fa);
+      one.one_fwd = gpu::time_ms([&] { fwd.forward(s.attn, o.dtype, fa); }, 1, reps, [] { gpu::flush_l2(); });
+      out_.download(o1.data(), o1.size()), lse_.download(lse1.data(), lse1.size() * 4);
+      if (any_backward) {
+        const Rung& bwd = ring::gpu_local_backward_rung(o.dtype);
+        gpu::DeviceBuffer gq(qe * e), gk(ke * e), gv(ke * e),
+            bws(std::max<std::size_t>(16, bwd.backward_workspace_bytes(s.attn, o.dtype)));
+        BackwardArgs ba;
+        ba.q = dq_.get(), ba.k = dk_.get(), ba.v = dv_.get(), ba.o = out_.get(), ba.lse = static_cast<const float*>(lse_.get());
+        ba.dout = do_.get(), ba.dq = gq.get(), ba.dk = gk.get(), ba.dv = gv.get(), ba.workspace = bws.get();
+        bwd.check(s.attn, o.dtype, ba);
+        one.one_bwd = gpu::time_ms([&] { bwd.backward(s.attn, o.dtype, ba); }, 1, reps, [] { gpu::flush_l2(); });
+        gq.download(dq1.data(), dq1.size()), gk.download(dk1.data(), dk1.size()), gv.download(dv1.data(), dv1.size());
       }
-      // The ring: each thread its GPU, its shards (random: the time does not depend on the values).
-      const int64_t L = s.local_len();
-      const std::size_t qb = std::size_t(s.attn.batch * s.attn.heads * L * s.attn.head_dim) * e,
-                        kb = std::size_t(s.attn.batch * s.attn.kv_heads * L * s.attn.head_dim) * e;
-      std::vector<double> ms;
-      std::vector<std::string> errors(static_cast<std::size_t>(p));
-      struct Shards {
-        gpu::DeviceBuffer q, k, v, o, lse;
-      };
-      std::vector<Shards> sh(static_cast<std::size_t>(p));
-      for (int i = 0; i < p; ++i) {
-        PROBE_CUDA(cudaSetDevice(i));
-        sh[std::size_t(i)] = {random_buffer(qb, o.dtype, 10 + i), random_buffer(kb, o.dtype, 20 + i),
-                              random_buffer(kb, o.dtype, 30 + i), gpu::DeviceBuffer(qb),
-                              gpu::DeviceBuffer(std::size_t(s.attn.batch * s.attn.heads * L) * 4)};
-      }
-      for (int rep = 0; rep < 4 && errors[0].empty(); ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        std::vector<std::thread> threads;
-        for (int i = 0; i < p; ++i)
-          threads.emplace_back([&, i] {
-            try {
-              PROBE_CUDA(cudaSetDevice(i));
-              Shards& x = sh[std::size_t(i)];
-              ring::nccl_ring_forward(s, o.dtype, x.q.get(), x.k.get(), x.v.get(), x.o.get(),
-                                      static_cast<float*>(x.lse.get()), comms[std::size_t(i)], nullptr);
-            } catch (const std::exception& ex) {
-              errors[std::size_t(i)] = ex.what();
-            }
-          });
-        for (std::thread& t : threads) t.join();
-        if (rep > 0) ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-      for (const std::string& err : errors)
-        if (!err.empty()) throw std::runtime_error(err);
-      std::sort(ms.begin(), ms.end());
-      r.ring_ms = ms[ms.size() / 2];
-      r.eff = r.one_ms / (double(p) * r.ring_ms);
     } catch (const std::exception& ex) {
-      r.error = ex.what();
+      one.error = ex.what();
     }
-    std::cout << "efficiency N = " << n << ": "
-              << (r.error.empty() ? "one GPU " + std::to_string(r.one_ms) + " ms, ring " + std::to_string(r.ring_ms) +
-                                        " ms, efficiency " + std::to_string(r.eff)
-                                  : "not measured: " + r.error)
-              << '\n';
-    out.push_back(r);
+    for (const std::string& version : o.versions) {
+      Efficiency r = one;
+      r.n = n, r.version = version;
+      if (r.error.empty()) try {
+        std::cerr << "N = " << n << ": the ring, " << version << "...\n";
+        const bool backward = version == "v5_backward";
+        const std::size_t qb = std::size_t(qh * L * d) * e, kb = std::size_t(kh * L * d) * e;
+        struct Rank {
+          gpu::DeviceBuffer q, k, v, o, lse, dout, dq, dk, dv;
+          std::unique_ptr<ring::NcclRank> ring;
+        };
+        std::vector<Rank> ranks(static_cast<std::size_t>(p));
+        on_ranks(p, [&](int i) {
+          Rank& x = ranks[std::size_t(i)];
+          std::vector<unsigned char> host(std::max(qb, kb));
+          auto up = [&](gpu::DeviceBuffer& b, const std::vector<unsigned char>& whole, int64_t groups, std::size_t bytes) {
+            b = gpu::DeviceBuffer(bytes);
+            s.shard(i, whole.data(), host.data(), groups, d * int64_t(e));
+            b.upload(host.data(), bytes);
+          };
+          up(x.q, q, qh, qb), up(x.k, k, kh, kb), up(x.v, v, kh, kb);
+          x.o = gpu::DeviceBuffer(qb), x.lse = gpu::DeviceBuffer(std::size_t(qh * L) * 4);
+          x.o.poison(), x.lse.poison();
+          if (backward) {
+            up(x.dout, dout, qh, qb);
+            x.dq = gpu::DeviceBuffer(qb), x.dk = gpu::DeviceBuffer(kb), x.dv = gpu::DeviceBuffer(kb);
+            x.dq.poison(), x.dk.poison(), x.dv.poison();
+          }
+        });
+        if (version != "v2_nccl")
+          r.open_ms = on_ranks(p, [&](int i) {
+            ranks[std::size_t(i)].ring = ring::nccl_ring_open(version, s, o.dtype, comms[std::size_t(i)], nullptr);
+          });
+        auto fwd = [&](int i) {
+          Rank& x = ranks[std::size_t(i)];
+          if (x.ring) x.ring->forward(x.q.get(), x.k.get(), x.v.get(), x.o.get(), static_cast<float*>(x.lse.get()));
+          else ring::nccl_ring_forward(s, o.dtype, x.q.get(), x.k.get(), x.v.get(), x.o.get(),
+                                       static_cast<float*>(x.lse.get()), comms[std::size_t(i)], nullptr);
+        };
+        auto bwd = [&](int i) {
+          Rank& x = ranks[std::size_t(i)];
+          x.ring->backward(x.q.get(), x.k.get(), x.v.get(), x.o.get(), static_cast<const float*>(x.lse.get()),
+                           x.dout.get(), x.dq.get(), x.dk.get(), x.dv.get());
+        };
+        std::vector<double> tf, tb;
+        for (int rep = 0; rep <= reps; ++rep) {
+          const double ms = on_ranks(p, fwd);
+          if (rep) tf.push_back(ms);
+        }
+        r.ring_fwd = median(tf);
+        r.eff_fwd = r.one_fwd / (double(p) * r.ring_fwd);
+        if (backward) {
+          for (int rep = 0; rep <= reps; ++rep) {
+            const double ms = on_ranks(p, bwd);
+            if (rep) tb.push_back(ms);
+          }
+          r.ring_bwd = median(tb);
+          r.eff_bwd = r.one_bwd / (double(p) * r.ring_bwd);
+          r.eff = (r.one_fwd + r.one_bwd) / (double(p) * (r.ring_fwd + r.ring_bwd));
+        }
+        // The ranks' rows back in their places, against the one-GPU outputs.
+        std::vector<unsigned char> o2(o1.size()), dq2(dq1.size()), dk2(dk1.size()), dv2(dv1.size());
+        std::vector<float> lse2(lse1.size());
+        on_ranks(p, [&](int i) {
+          Rank& x = ranks[std::size_t(i)];
+          std::vector<unsigned char> host(std::max(qb, kb));
+          auto down = [&](const gpu::DeviceBuffer& b, void* whole, int64_t groups, std::size_t bytes, int64_t row) {
+            b.download(host.data(), bytes);
+            s.unshard(i, host.data(), whole, groups, row);
+          };
+          down(x.o, o2.data(), qh, qb, d * int64_t(e));
+          down(x.lse, lse2.data(), qh, std::size_t(qh * L) * 4, 4);
+          if (backward) {
+            down(x.dq, dq2.data(), qh, qb, d * int64_t(e));
+            down(x.dk, dk2.data(), kh, kb, d * int64_t(e));
+            down(x.dv, dv2.data(), kh, kb, d * int64_t(e));
+          }
+          x.ring.reset();  // on its own GPU
+        });
+        const auto as_bytes = [](const std::vector<float>& x) {
+          std::vector<unsigned char> b(x.size() * 4);
+          std::memcpy(b.data(), x.data(), b.size());
+          return b;
+        };
+        r.err_o = rel_l2(o2, o1, o.dtype);
+        r.err_lse = rel_l2(as_bytes(lse2), as_bytes(lse1), DType::F32);
+        if (backward)
+          r.err_dq = rel_l2(dq2, dq1, o.dtype), r.err_dk = rel_l2(dk2, dk1, o.dtype), r.err_dv = rel_l2(dv2, dv1, o.dtype);
+        // What the arithmetic allows: the ring rounds each step's part to the dtype before adding
+        // it in fp32 and rounds the sum once more, so it may differ from one GPU's result by about
+        // P + 1 roundings (unit roundoff u); the bar is (P + 2)·u of the array's norm.
+        r.bar = double(p + 2) * (o.dtype == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11));
+      } catch (const std::exception& ex) {
+        r.error = ex.what();
+      }
+      std::cout << "efficiency N = " << n << " " << version << ": ";
+      if (!r.error.empty()) std::cout << "not measured: " << r.error << '\n';
+      else {
+        std::cout << "one GPU fwd " << r.one_fwd << " ms" << (std::isnan(r.one_bwd) ? "" : ", bwd " + std::to_string(r.one_bwd) + " ms")
+                  << "; ring fwd " << r.ring_fwd << " ms (efficiency " << r.eff_fwd << ")";
+        if (!std::isnan(r.ring_bwd))
+          std::cout << ", bwd " << r.ring_bwd << " ms (" << r.eff_bwd << "), fwd+bwd efficiency " << r.eff;
+        if (!std::isnan(r.open_ms)) std::cout << "; open " << r.open_ms << " ms";
+        const bool match = r.err_o <= r.bar && (std::isnan(r.err_dq) || (r.err_dq <= r.bar && r.err_dk <= r.bar && r.err_dv <= r.bar));
+        std::cout << "\n  against one GPU, rel. L2: O " << r.err_o << ", lse " << r.err_lse;
+        if (!std::isnan(r.err_dq)) std::cout << ", dQ " << r.err_dq << ", dK " << r.err_dk << ", dV " << r.err_dv;
+        std::cout << " (bar " << r.bar << "): " << (match ? "MATCH" : "DIFFER") << '\n';
+      }
+      out.push_back(r);
+    }
   }
   for (int i = 0; i < p; ++i) ncclCommDestroy(comms[std::size_t(i)]);
   return out;
@@ -411,11 +571,17 @@ int probe_main(int argc, char** argv) {
   if (!o.efficiency.empty() && p >= 2) eff = ring_efficiency(o, p);
   if (json.is_open()) {
     json << "], \"efficiency\": [";
-    for (std::size_t i = 0; i < eff.size(); ++i)
-      json << (i ? ", " : "") << "{\"N\": " << eff[i].n << ", \"one_ms\": " << (std::isnan(eff[i].one_ms) ? 0 : eff[i].one_ms)
-           << ", \"ring_ms\": " << (std::isnan(eff[i].ring_ms) ? 0 : eff[i].ring_ms)
-           << ", \"efficiency\": " << (std::isnan(eff[i].eff) ? 0 : eff[i].eff) << ", \"error\": \""
-           << (eff[i].error.empty() ? "" : "see the log") << "\"}";
+    auto num = [](double x) { return std::isnan(x) ? std::string("null") : std::to_string(x); };
+    for (std::size_t i = 0; i < eff.size(); ++i) {
+      const Efficiency& x = eff[i];
+      json << (i ? ", " : "") << "{\"N\": " << x.n << ", \"version\": \"" << x.version << "\", \"one_ms\": " << num(x.one_fwd)
+           << ", \"ring_ms\": " << num(x.ring_fwd) << ", \"efficiency\": " << num(x.eff_fwd)
+           << ", \"one_bwd_ms\": " << num(x.one_bwd) << ", \"ring_bwd_ms\": " << num(x.ring_bwd)
+           << ", \"efficiency_bwd\": " << num(x.eff_bwd) << ", \"efficiency_fwd_bwd\": " << num(x.eff)
+           << ", \"open_ms\": " << num(x.open_ms) << ", \"rel_l2\": {\"o\": " << num(x.err_o) << ", \"lse\": " << num(x.err_lse)
+           << ", \"dq\": " << num(x.err_dq) << ", \"dk\": " << num(x.err_dk) << ", \"dv\": " << num(x.err_dv)
+           << "}, \"bar\": " << num(x.bar) << ", \"error\": \"" << (x.error.empty() ? "" : "see the log") << "\"}";
+    }
     json << "]}\n";
     std::cout << "wrote " << o.json << '\n';
   }

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -516,6 +517,221 @@ TEST(RingAttentionNccl, DisagreeingRanksAllFailWithoutHanging) {
     call(three, r, comm);
   });
   for (const std::string& e : errors) EXPECT_NE(e.find("communicator has 2 ranks"), std::string::npos) << e;
+#endif
+}
+
+// ---- Across GPUs: the kept rank (v3_kept, v4_overlap, v5_backward) ----------------------------
+
+#if FLASH_LADDER_HAS_NCCL
+// The whole problem through `version` opened on the first P GPUs (a thread a rank): each rank's
+// shards up, its forward called twice (the second call must give the first's bits: a kept rank
+// starts every call from the empty state), then with `bin` its backward, twice (O and lse from
+// bin: the oracle's, rounded as a forward stores them); the ranks' rows put back in their places.
+struct KeptRun {
+  std::vector<unsigned char> o, dq, dk, dv;  // in the dtype's storage
+  std::vector<float> lse;
+};
+std::vector<std::string> kept_ring(int P, const std::string& version, const RingShape& s, DType t, const Inputs& in,
+                                   const BackwardInputs* bin, KeptRun& out) {
+  const int64_t L = s.local_len(), d = s.attn.head_dim, e = int64_t(dtype_bytes(t));
+  const int64_t qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads;
+  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+  const std::vector<unsigned char> o_in = bin ? to_storage(bin->o, t) : std::vector<unsigned char>(),
+                                   do_in = bin ? to_storage(bin->dout, t) : std::vector<unsigned char>();
+  out.o.assign(q.size(), 0), out.lse.assign(std::size_t(s.attn.lse_elems()), kNaN);
+  if (bin) out.dq.assign(q.size(), 0), out.dk.assign(k.size(), 0), out.dv.assign(v.size(), 0);
+  return on_every_gpu(P, [&](int r, ncclComm_t comm) {
+    const std::size_t qb = std::size_t(qh * L * d * e), kb = std::size_t(kh * L * d * e), lb = std::size_t(qh * L) * 4;
+    std::vector<unsigned char> host(std::max(qb, kb));
+    auto up = [&](const std::vector<unsigned char>& whole, int64_t groups, std::size_t bytes, int64_t row) {
+      gpu::DeviceBuffer b(bytes);
+      s.shard(r, whole.data(), host.data(), groups, row);
+      b.upload(host.data(), bytes);
+      return b;
+    };
+    auto down = [&](const gpu::DeviceBuffer& b, void* whole, int64_t groups, std::size_t bytes, int64_t row) {
+      b.download(host.data(), bytes);
+      s.unshard(r, host.data(), whole, groups, row);  // ranks write disjoint rows
+    };
+    gpu::DeviceBuffer dq = up(q, qh, qb, d * e), dk = up(k, kh, kb, d * e), dv = up(v, kh, kb, d * e), o(qb), lse(lb);
+    o.poison(), lse.poison();
+    std::unique_ptr<ring::NcclRank> rank = ring::nccl_ring_open(version, s, t, comm, nullptr);
+    rank->forward(dq.get(), dk.get(), dv.get(), o.get(), static_cast<float*>(lse.get()));
+    std::vector<unsigned char> first(qb);
+    o.download(first.data(), qb);
+    o.poison();
+    rank->forward(dq.get(), dk.get(), dv.get(), o.get(), static_cast<float*>(lse.get()));
+    std::vector<unsigned char> second(qb);
+    o.download(second.data(), qb);
+    if (first != second) throw std::runtime_error("the second forward call gave other bits than the first");
+    down(o, out.o.data(), qh, qb, d * e);
+    down(lse, out.lse.data(), qh, lb, 4);
+    if (!bin) return;
+    std::vector<float> lse_shard(std::size_t(qh * L));
+    gpu::DeviceBuffer oo = up(o_in, qh, qb, d * e), dout = up(do_in, qh, qb, d * e), ll(lb), gq(qb), gk(kb), gv(kb);
+    s.shard(r, bin->lse.data(), lse_shard.data(), qh, 4);
+    ll.upload(lse_shard.data(), lb);
+    for (int call = 0; call < 2; ++call) {  // twice: the second starts from the kept state
+      gq.poison(), gk.poison(), gv.poison();
+      rank->backward(dq.get(), dk.get(), dv.get(), oo.get(), static_cast<const float*>(ll.get()), dout.get(), gq.get(),
+                     gk.get(), gv.get());
+    }
+    down(gq, out.dq.data(), qh, qb, d * e);
+    down(gk, out.dk.data(), kh, kb, d * e);
+    down(gv, out.dv.data(), kh, kb, d * e);
+  });
+}
+#endif
+
+// v3, v4 and v5 compute what v2 computes, in the same order, with one rank a GPU: the one-GPU
+// ring's bits, on one GPU (a ring of one rank) and on two where there are two.
+TEST(RingAttentionNccl, KeptVersionsGiveTheOneGpuRingsBits) {
+#if !FLASH_LADDER_HAS_NCCL
+  GTEST_SKIP() << "this build has no NCCL";
+#else
+  if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  uint64_t seed = base_seed() + 950;
+  for (int P : {1, 2}) {
+    if (gpu_count() < P) continue;  // the two-GPU half needs two
+    for (const std::string& version : ring::nccl_ring_versions())
+      for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+        for (bool causal : {false, true}) {
+          const DType t = DType::BF16;
+          const RingShape s = ring_shape(8, 2, 1024, 128, causal, P, sh, 2);
+          SCOPED_TRACE(s.str() + " " + version);
+          const Inputs in = make_inputs(s.attn, t, seed++);
+          const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+          std::vector<unsigned char> o_one(q.size());
+          std::vector<float> lse_one(std::size_t(s.attn.lse_elems()));
+          {
+            gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()), dlse(lse_one.size() * 4);
+            dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+            ring::gpu_ring_forward_local(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
+                                         nullptr);
+            dout.download(o_one.data(), o_one.size());
+            dlse.download(lse_one.data(), lse_one.size() * 4);
+          }
+          KeptRun run;
+          const std::vector<std::string> errors = kept_ring(P, version, s, t, in, nullptr, run);
+          for (int r = 0; r < P; ++r) ASSERT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+          EXPECT_EQ(run.o, o_one) << "O differs from the one-GPU ring's";
+          EXPECT_EQ(0, std::memcmp(run.lse.data(), lse_one.data(), lse_one.size() * 4)) << "lse differs";
+        }
+  }
+#endif
+}
+
+// v5's backward on the GPUs (one rank, and two where there are two): dQ, dK, dV within the
+// dtype's tolerance of the fp64 oracle and no worse than twice the local backward rung's error on
+// the whole problem on one GPU. Ragged chunks (N = 480: chunks of 240, 120), GQA 4:1, both
+// shardings, causal and not, d = 64 and 128, fp16 and bf16.
+TEST(RingAttentionNccl, BackwardOnTheGpusMatchesTheOracleAndOneGpu) {
+#if !FLASH_LADDER_HAS_NCCL
+  GTEST_SKIP() << "this build has no NCCL";
+#else
+  if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  uint64_t seed = base_seed() + 980;
+  for (int P : {1, 2}) {
+    if (gpu_count() < P) continue;
+    for (DType t : {DType::F16, DType::BF16})
+      for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag})
+        for (bool causal : {false, true})
+          for (int64_t d : {64, 128}) {
+            const RingShape s = ring_shape(4, 1, 480, d, causal, P, sh, 2);
+            SCOPED_TRACE(s.str() + " " + dtype_name(t) + " seed=" + std::to_string(seed));
+            const Inputs in = make_inputs(s.attn, t, seed++);
+            const BackwardInputs bin = make_backward_inputs(s.attn, t, in, seed++);
+            KeptRun run;
+            const std::vector<std::string> errors = kept_ring(P, "v5_backward", s, t, in, &bin, run);
+            for (int r = 0; r < P; ++r) ASSERT_EQ(errors[std::size_t(r)], "") << "rank " << r;
+            const ReferenceBackward ref = reference_backward(s.attn, in.q.data(), in.k.data(), in.v.data(), bin.dout.data());
+            const BackwardOutputs g{from_storage(run.dq, t), from_storage(run.dk, t), from_storage(run.dv, t)};
+            const BackwardCheck c = check_backward(t, g, ref);
+            EXPECT_TRUE(c.pass) << c.str();
+            const BackwardCheck one = check_backward(t, run_backward(ring::gpu_local_backward_rung(t), s.attn, t, in, bin), ref);
+            expect_no_worse_than(c.dq, one.dq, t, "dQ");
+            expect_no_worse_than(c.dk, one.dk, t, "dK");
+            expect_no_worse_than(c.dv, one.dv, t, "dV");
+            const ForwardCheck f = check_forward(s.attn, t, {from_storage(run.o, t), run.lse},
+                                                 reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data()));
+            EXPECT_TRUE(f.pass) << f.str();
+          }
+  }
+#endif
+}
+
+// A rank handed a null pointer in one call: every rank's call throws (none hangs: a hang shows as
+// this test's timeout), and the same kept ranks then run a good call correctly. A version without
+// a backward, or an unknown one, is refused on every rank alike.
+TEST(RingAttentionNccl, ANullPointerOnOneRankFailsEveryRankAndTheRingGoesOn) {
+#if !FLASH_LADDER_HAS_NCCL
+  GTEST_SKIP() << "this build has no NCCL";
+#else
+  if (gpu_count() < 1) GTEST_SKIP() << "needs a GPU";
+  const int P = std::min(2, gpu_count());
+  const DType t = DType::BF16;
+  const RingShape s = ring_shape(4, 1, 256, 64, true, P, Sharding::Zigzag);
+  const Inputs in = make_inputs(s.attn, t, base_seed() + 990);
+  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+  const ReferenceForward ref = reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data());
+  std::vector<std::string> bad_fwd(static_cast<std::size_t>(P)), bad_bwd(static_cast<std::size_t>(P)),
+      no_bwd(static_cast<std::size_t>(P)), unknown(static_cast<std::size_t>(P));
+  std::vector<unsigned char> o_all(q.size());
+  std::vector<float> lse_all(std::size_t(s.attn.lse_elems()), kNaN);
+  const std::vector<std::string> errors = on_every_gpu(P, [&](int r, ncclComm_t comm) {
+    const int64_t L = s.local_len(), d = 64, qh = s.attn.heads, kh = s.attn.kv_heads;
+    const std::size_t qb = std::size_t(qh * L * d * 2), kb = std::size_t(kh * L * d * 2);
+    std::vector<unsigned char> host(qb);
+    gpu::DeviceBuffer dq(qb), dk(kb), dv(kb), o(qb), lse(std::size_t(qh * L) * 4), g(qb), gk(kb), gv(kb);
+    s.shard(r, q.data(), host.data(), qh, d * 2), dq.upload(host.data(), qb);
+    s.shard(r, k.data(), host.data(), kh, d * 2), dk.upload(host.data(), kb);
+    s.shard(r, v.data(), host.data(), kh, d * 2), dv.upload(host.data(), kb);
+    auto rank = ring::nccl_ring_open("", s, t, comm, nullptr);
+    float* l = static_cast<float*>(lse.get());
+    try {
+      rank->forward(dq.get(), dk.get(), dv.get(), r == P - 1 ? nullptr : o.get(), l);
+    } catch (const std::exception& e) {
+      bad_fwd[std::size_t(r)] = e.what();
+    }
+    try {
+      rank->backward(dq.get(), dk.get(), dv.get(), o.get(), l, o.get(), r == 0 ? nullptr : g.get(), gk.get(), gv.get());
+    } catch (const std::exception& e) {
+      bad_bwd[std::size_t(r)] = e.what();
+    }
+    o.poison(), lse.poison();
+    rank->forward(dq.get(), dk.get(), dv.get(), o.get(), l);  // a good call after the bad ones
+    o.download(host.data(), qb);
+    s.unshard(r, host.data(), o_all.data(), qh, d * 2);
+    std::vector<float> rows(std::size_t(qh * L));
+    lse.download(rows.data(), rows.size() * 4);
+    s.unshard(r, rows.data(), lse_all.data(), qh, 4);
+    rank.reset();
+    auto v3 = ring::nccl_ring_open("v3_kept", s, t, comm, nullptr);
+    try {
+      v3->backward(dq.get(), dk.get(), dv.get(), o.get(), l, o.get(), g.get(), gk.get(), gv.get());
+    } catch (const std::exception& e) {
+      no_bwd[std::size_t(r)] = e.what();
+    }
+    try {
+      ring::nccl_ring_open("v9_nothing", s, t, comm, nullptr);
+    } catch (const std::exception& e) {
+      unknown[std::size_t(r)] = e.what();
+    }
+  });
+  for (int r = 0; r < P; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(errors[std::size_t(r)], "");
+    EXPECT_NE(bad_fwd[std::size_t(r)].find("null pointer"), std::string::npos) << bad_fwd[std::size_t(r)];
+    EXPECT_NE(bad_bwd[std::size_t(r)].find("null pointer"), std::string::npos) << bad_bwd[std::size_t(r)];
+    EXPECT_NE(no_bwd[std::size_t(r)].find("no backward"), std::string::npos) << no_bwd[std::size_t(r)];
+    EXPECT_NE(unknown[std::size_t(r)].find("no ring version 'v9_nothing'"), std::string::npos) << unknown[std::size_t(r)];
+  }
+  if (P == 2) {  // the rank with good pointers learns of the other's
+    EXPECT_NE(bad_fwd[0].find("another rank"), std::string::npos) << bad_fwd[0];
+    EXPECT_NE(bad_bwd[1].find("another rank"), std::string::npos) << bad_bwd[1];
+  }
+  const ForwardCheck c = check_forward(s.attn, t, {from_storage(o_all, t), lse_all}, ref);
+  EXPECT_TRUE(c.pass) << c.str();
 #endif
 }
 

@@ -20,7 +20,7 @@
 namespace fl::ring {
 namespace {
 
-InputError refused(const std::string& what) { return InputError("rung 11_ring_attention (nccl): " + what); }
+InputError refused_call(const std::string& what) { return InputError("rung 11_ring_attention (nccl): " + what); }
 
 void check(ncclResult_t r, const char* call) {
   if (r != ncclSuccess)
@@ -29,22 +29,41 @@ void check(ncclResult_t r, const char* call) {
 
 }  // namespace
 
+// The versions' own openers (v3_kept.cu, v4_overlap.cu, v5_backward.cu).
+std::unique_ptr<NcclRank> open_v3_kept(const RingShape&, DType, ncclComm_t, cudaStream_t, const std::string&);
+std::unique_ptr<NcclRank> open_v4_overlap(const RingShape&, DType, ncclComm_t, cudaStream_t, const std::string&);
+std::unique_ptr<NcclRank> open_v5_backward(const RingShape&, DType, ncclComm_t, cudaStream_t, const std::string&);
+
+std::unique_ptr<NcclRank> nccl_ring_open(const std::string& version, const RingShape& s, DType t, void* comm,
+                                         void* stream, const std::string& refused) {
+  if (!comm) throw refused_call("comm is null: pass the ncclComm_t of the ring's ranks");
+  const std::string v = version.empty() ? nccl_ring_versions().back() : version;
+  const ncclComm_t c = static_cast<ncclComm_t>(comm);
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  if (v == "v3_kept") return open_v3_kept(s, t, c, st, refused);
+  if (v == "v4_overlap") return open_v4_overlap(s, t, c, st, refused);
+  if (v == "v5_backward") return open_v5_backward(s, t, c, st, refused);
+  std::string known;
+  for (const std::string& x : nccl_ring_versions()) known += (known.empty() ? "" : ", ") + x;
+  throw refused_call("no ring version '" + v + "'; there are " + known);
+}
+
 static_assert(kNcclIdBytes == NCCL_UNIQUE_ID_BYTES, "ring_gpu.hpp's id size is NCCL's");
 
 bool nccl_built() { return true; }
 
 void nccl_unique_id(void* id) {
-  if (!id) throw refused("id is null: pass FL_RING_ID_BYTES (128) bytes to receive the unique id");
+  if (!id) throw refused_call("id is null: pass FL_RING_ID_BYTES (128) bytes to receive the unique id");
   ncclUniqueId u;
   check(ncclGetUniqueId(&u), "ncclGetUniqueId");
   std::memcpy(id, &u, sizeof u);
 }
 
 void* nccl_comm_init(const void* id, int ranks, int rank) {
-  if (!id) throw refused("id is null: pass the bytes nccl_unique_id gave one of the ranks");
-  if (ranks < 1) throw refused("ranks = " + std::to_string(ranks) + ": a ring needs at least one rank");
+  if (!id) throw refused_call("id is null: pass the bytes nccl_unique_id gave one of the ranks");
+  if (ranks < 1) throw refused_call("ranks = " + std::to_string(ranks) + ": a ring needs at least one rank");
   if (rank < 0 || rank >= ranks)
-    throw refused("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(ranks) + ")");
+    throw refused_call("rank " + std::to_string(rank) + " is outside [0, " + std::to_string(ranks) + ")");
   ncclUniqueId u;
   std::memcpy(&u, id, sizeof u);
   ncclComm_t comm = nullptr;
@@ -62,7 +81,7 @@ std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, 
   int gpus = 0;
   FL_CUDA_CHECK(cudaGetDeviceCount(&gpus));
   if (gpus < s.ranks)
-    throw refused("a ring of " + std::to_string(s.ranks) + " ranks needs as many GPUs; this machine has " +
+    throw refused_call("a ring of " + std::to_string(s.ranks) + " ranks needs as many GPUs; this machine has " +
                   std::to_string(gpus) + ": ask for at most that many ranks (the CPU twin simulates any number)");
   const int P = int(s.ranks);
   const int64_t L = s.local_len(), d = s.attn.head_dim, e = int64_t(dtype_bytes(t));

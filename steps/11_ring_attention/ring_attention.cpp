@@ -443,7 +443,18 @@ RingBackwardRun run_ring_backward(const RingShape& s, DType t, const Inputs& in,
   return r;
 }
 
+void NcclRank::backward(const void*, const void*, const void*, const void*, const float*, const void*, void*, void*,
+                        void*) {
+  throw bad("the ring's " + version() + " has no backward on the GPUs (v5_backward is the first that does)");
+}
+
 #if !FLASH_LADDER_HAS_NCCL
+std::unique_ptr<NcclRank> nccl_ring_open(const std::string&, const RingShape&, DType, void*, void*, const std::string&) {
+  throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
+}
+const Rung& gpu_local_backward_rung(DType) {
+  throw bad("this build has no NCCL (CMake found none): the ring's backward runs on the GPUs only with it");
+}
 void nccl_ring_forward(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*, void*,
                        const std::string&) {
   throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");

@@ -5,6 +5,7 @@
 // rank per GPU (per process, or per thread), the transfers over NCCL; built when CMake finds NCCL.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,40 @@ void gpu_ring_forward_local(const RingShape& s, DType t, const void* q, const vo
 // takes part in the agreement, so that every rank fails with it instead of waiting.
 void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o,
                        float* lse, void* comm, void* stream, const std::string& refused = {});
+
+// One rank of the NCCL ring kept from one call to the next (v3_kept onwards). Every rank opens it
+// once with the same problem, dtype, communicator and stream: the ranks check and agree then (as
+// v2 does on every call; a rank given another shape, bad arguments or a communicator of another
+// size makes every rank's open throw InputError), and each takes its device memory. A call after
+// that only runs the ring. Its pointers are this rank's shards in device memory, laid out as for
+// nccl_ring_forward; a rank whose call has a null pointer still passes the shards on, and every
+// rank's call then throws InputError at its end, none hangs. Destroy it before its communicator.
+class NcclRank {
+ public:
+  virtual ~NcclRank() = default;
+  virtual std::string version() const = 0;  // "v3_kept", ...
+  virtual void forward(const void* q, const void* k, const void* v, void* o, float* lse) = 0;
+  // dQ, dK, dV of this rank's rows and keys (dK, dV summed over each GQA group) from its shards of
+  // Q, K, V, of the forward's O and lse (the whole sequence's, as forward() returns them) and of dO.
+  // Versions without a backward on the GPUs throw InputError, on every rank alike.
+  virtual bool has_backward() const { return false; }
+  virtual void backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                        const void* dout, void* dq, void* dk, void* dv);
+};
+
+// The versions that keep a rank, in the ladder's order; the last is the default.
+inline const std::vector<std::string>& nccl_ring_versions() {
+  static const std::vector<std::string> v = {"v3_kept", "v4_overlap", "v5_backward"};
+  return v;
+}
+// Opens `version` ("" for the last) on this rank: comm and stream as for nccl_ring_forward. Throws
+// without NCCL, and InputError for an unknown version (before any communication).
+std::unique_ptr<NcclRank> nccl_ring_open(const std::string& version, const RingShape& s, DType t, void* comm,
+                                         void* stream, const std::string& refused = {});
+
+// The backward rung a step of v5_backward runs: 09_hopper_backward/v9_dk_in_flight where the GPU
+// runs it, else 07_backward_recompute/v4_2d_tiles. Throws InputError when there is none.
+const Rung& gpu_local_backward_rung(DType t);
 
 // A communicator for the ring when the caller has none (outside torchrun): one rank calls
 // nccl_unique_id and hands its kNcclIdBytes bytes to every rank (a file, a socket, MPI), then each

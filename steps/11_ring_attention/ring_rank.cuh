@@ -127,6 +127,11 @@ class RankState {
     o_ = gpu::DeviceBuffer(std::size_t(qh_ * L_ * d_) * 4), lse_ = gpu::DeviceBuffer(std::size_t(qh_ * L_) * 4);
     sq_ = gpu::DeviceBuffer(q_bytes), sk_ = gpu::DeviceBuffer(kv_bytes_), sv_ = gpu::DeviceBuffer(kv_bytes_);
     so_ = gpu::DeviceBuffer(q_bytes), sl_ = gpu::DeviceBuffer(std::size_t(qh_ * L_) * 4), ws_ = gpu::DeviceBuffer(ws);
+    reset();
+  }
+
+  // The running output back to the empty state (O = 0, lse = −∞): before a call's first step.
+  void reset() {
     FL_CUDA_CHECK(cudaMemsetAsync(o_.get(), 0, o_.size(), st_));
     fill_kernel<float><<<64, 256, 0, st_>>>(static_cast<float*>(lse_.get()), -INFINITY, qh_ * L_);
     FL_CUDA_CHECK_LAUNCH();
