@@ -89,7 +89,7 @@ try:
 except ImportError:  # said plainly: this script is for a machine that has PyTorch
     sys.exit("compare_torch.py needs PyTorch (import torch failed); run it where PyTorch is installed")
 
-FL_ABI_VERSION = 4  # must match FL_ABI_VERSION in capi/flash_ladder.h
+FL_ABI_VERSION = 5  # must match FL_ABI_VERSION in capi/flash_ladder.h
 FL_DTYPES = {"fp32": (0, torch.float32), "fp16": (1, torch.float16), "bf16": (2, torch.bfloat16)}
 FL_BACKWARD_DETERMINISTIC = 1  # fl_backward_ex flags, capi/flash_ladder.h
 # Relative L2 error each dtype is held to against the fp64 reference (common/compare.cpp).

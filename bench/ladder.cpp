@@ -1100,8 +1100,8 @@ std::vector<int64_t> rows_to_verify(const Options& opt, int64_t n) {
 
 // ---- --ring: rung 11 -----------------------------------------------------------------------------
 
-// --ring P --device cuda: the ring's forward over NCCL on GPUs 0 .. P − 1, a thread a rank
-// (fl::ring::nccl_ring_forward_on_gpus), checked against the fp64 oracle and timed.
+// --ring P --device cuda: the ring's forward over NCCL on GPUs 0 .. P − 1, a thread a rank, its newest
+// version opened once (fl::ring::nccl_ring_forward_on_gpus), checked against the fp64 oracle and timed.
 int ring_gpu_main(const Options& opt) {
   if (!opt.json.empty() || opt.rungs != "all" || opt.deterministic || opt.page_size || opt.splits || opt.no_ceiling)
     throw UsageError("--ring P --device cuda runs rung 11's forward on P GPUs: it takes the shape flags, --dtype, "
@@ -1117,9 +1117,9 @@ int ring_gpu_main(const Options& opt) {
   const Rung& local = ring::gpu_local_rung(t);  // refuses fp32, and a build or GPU without one
   Oracle oracle(s.attn, t, opt.seed, opt.inputs, rows, opt.seed + 1);
   oracle.on_compute = [](const std::string& what) { std::cerr << what << "...\n"; };
-  std::cout << "Flash Ladder, rung 11 (ring attention over NCCL, a GPU a rank): " << s.str() << ", " << dtype_name(t)
-            << ", inputs " << input_kind_name(opt.inputs) << ", seed " << opt.seed << "; each step runs "
-            << local.name() << "\n";
+  std::cout << "Flash Ladder, rung 11 (ring attention over NCCL, a GPU a rank, " << ring::nccl_ring_versions().back()
+            << "): " << s.str() << ", " << dtype_name(t) << ", inputs " << input_kind_name(opt.inputs) << ", seed "
+            << opt.seed << "; each step runs " << local.name() << "\n";
   const Inputs& in = oracle.inputs();
   const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
   std::vector<unsigned char> o(q.size());

@@ -754,4 +754,51 @@ fl_status fl_ring_forward(const fl_ring_shape* shape, fl_dtype dtype, const void
   });
 }
 
+struct fl_ring_rank {
+  std::unique_ptr<fl::ring::NcclRank> rank;
+};
+
+fl_status fl_ring_open(const fl_ring_shape* shape, fl_dtype dtype, void* nccl_comm, void* cuda_stream,
+                       fl_ring_rank** rank) {
+  return guarded("fl_ring_open", [&] {
+    require_nccl();
+    require_gpu("fl_ring_forward_host");
+    // As in fl_ring_forward: what this rank alone gets wrong is refused in the ranks' agreement.
+    std::string refused;
+    fl::ring::RingShape s;
+    if (shape) s = ring_shape_fields(shape);
+    else refused = "shape is NULL";
+    DType t = DType::BF16;
+    try {
+      t = to_dtype(dtype);
+    } catch (const fl::InputError& e) {
+      if (refused.empty()) refused = e.what();
+    }
+    if (!rank && refused.empty()) refused = "rank is NULL: pass where to put the opened rank";
+    if (rank) *rank = nullptr;
+    auto opened = std::make_unique<fl_ring_rank>();
+    opened->rank = fl::ring::nccl_ring_open("", s, t, nccl_comm, cuda_stream, refused);
+    if (rank) *rank = opened.release();  // (a NULL rank was refused in the agreement above)
+  });
+}
+
+fl_status fl_ring_rank_forward(fl_ring_rank* rank, const void* q, const void* k, const void* v, void* o, float* lse) {
+  return guarded("fl_ring_rank_forward", [&] {
+    if (!rank) throw fl::InputError("rank is NULL: pass what fl_ring_open gave this rank");
+    rank->rank->forward(q, k, v, o, lse);
+  });
+}
+
+fl_status fl_ring_rank_backward(fl_ring_rank* rank, const void* q, const void* k, const void* v, const void* o,
+                                const float* lse, const void* dout, void* dq, void* dk, void* dv) {
+  return guarded("fl_ring_rank_backward", [&] {
+    if (!rank) throw fl::InputError("rank is NULL: pass what fl_ring_open gave this rank");
+    rank->rank->backward(q, k, v, o, lse, dout, dq, dk, dv);
+  });
+}
+
+fl_status fl_ring_close(fl_ring_rank* rank) {
+  return guarded("fl_ring_close", [&] { delete rank; });
+}
+
 }  // extern "C"

@@ -46,9 +46,10 @@ extern "C" {
 /* Bumped whenever a struct or a signature below changes, so a binding written against an older
  * header (compare_torch.py mirrors fl_shape and fl_decode_shape in ctypes) can refuse to run
  * instead of misreading. */
-#define FL_ABI_VERSION 4  /* 2: fl_decode_shape and the decoding entry points (rung 10);
+#define FL_ABI_VERSION 5  /* 2: fl_decode_shape and the decoding entry points (rung 10);
                               3: fl_decode (rung 10's kernels), their list, fl_stream_read;
-                              4: fl_ring_shape and the ring's entry points (rung 11) */
+                              4: fl_ring_shape and the ring's entry points (rung 11);
+                              5: fl_ring_rank, kept across calls, with the backward (rung 11) */
 
 /* One attention problem. Sizes are int64_t so Python ints pass unchanged. */
 typedef struct fl_shape {
@@ -257,7 +258,8 @@ FL_API fl_status fl_stream_read(const void* data, size_t bytes, float* sink, voi
  * (zigzag: rank r holds chunks r and 2P − 1 − r, which evens out the causal mask's work).
  * fl_ring_chunks says which a rank holds. A rank's shards keep its chunks in that order:
  *   q, o   [B, H, N / P, d]      k, v   [B, Hkv, N / P, d]      lse   [B, H, N / P] fp32
- * So far the forward runs on GPUs; fl_ring_forward_host is the CPU twin (all P ranks in one process)
+ * On GPUs: fl_ring_forward (the forward, set up on every call) and fl_ring_open (a rank kept across
+ * calls, forward and backward); fl_ring_forward_host is the CPU twin (all P ranks in one process)
  * on the whole problem. Self-attention only: Nq = Nk = N. */
 typedef struct fl_ring_shape {
   int64_t batch;     /* B >= 1 */
@@ -301,6 +303,28 @@ FL_API fl_status fl_ring_comm_destroy(void* comm);
  * FL_OK: a caller that loops over calls should stop every rank when one fails. */
 FL_API fl_status fl_ring_forward(const fl_ring_shape* shape, fl_dtype dtype, const void* q, const void* k,
                                  const void* v, void* o, float* lse, void* nccl_comm, void* cuda_stream);
+
+/* One rank of the ring kept from one call to the next (rung 11's newest version, v5_backward): every
+ * rank opens it once with the same shape, dtype and a communicator of shape->ranks ranks, each on its
+ * own GPU; the ranks check and agree then, as fl_ring_forward does on every call (a rank given
+ * another shape, a bad argument or a communicator of another size makes every rank's open return
+ * FL_ERR_INVALID, none hangs), and each takes its device memory, which calls after that reuse. Its
+ * calls take this rank's shards in DEVICE memory (layouts above) and return when its work is done;
+ * every rank makes the same calls in the same order. A rank whose call has a NULL array still
+ * passes the shards on, and every rank's call then returns FL_ERR_INVALID. A NULL rank returns at
+ * once (the others would wait for it: a caller's bug, like a NULL communicator). Close every rank
+ * before its communicator is destroyed. */
+typedef struct fl_ring_rank fl_ring_rank;
+FL_API fl_status fl_ring_open(const fl_ring_shape* shape, fl_dtype dtype, void* nccl_comm, void* cuda_stream,
+                              fl_ring_rank** rank /* out */);
+FL_API fl_status fl_ring_rank_forward(fl_ring_rank* rank, const void* q, const void* k, const void* v, void* o,
+                                      float* lse);
+/* dQ, dK, dV of this rank's rows (dK, dV summed over each group of query heads) from its shards of Q, K,
+ * V, the forward's O and lse (as fl_ring_rank_forward returned them) and dO; layouts above, dq like q,
+ * dk and dv like k. */
+FL_API fl_status fl_ring_rank_backward(fl_ring_rank* rank, const void* q, const void* k, const void* v, const void* o,
+                                       const float* lse, const void* dout, void* dq, void* dk, void* dv);
+FL_API fl_status fl_ring_close(fl_ring_rank* rank);
 
 #ifdef __cplusplus
 }  /* extern "C" */

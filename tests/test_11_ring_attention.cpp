@@ -700,6 +700,7 @@ TEST(RingAttentionNccl, ANullPointerOnOneRankFailsEveryRankAndTheRingGoesOn) {
     }
     o.poison(), lse.poison();
     rank->forward(dq.get(), dk.get(), dv.get(), o.get(), l);  // a good call after the bad ones
+    rank->backward(dq.get(), dk.get(), dv.get(), o.get(), l, o.get(), g.get(), gk.get(), gv.get());  // and its backward
     o.download(host.data(), qb);
     s.unshard(r, host.data(), o_all.data(), qh, d * 2);
     std::vector<float> rows(std::size_t(qh * L));

@@ -769,4 +769,69 @@ TEST(CApi, RingForwardOnOneGpuThroughACommunicatorItMade) {
 #endif
 }
 
+// A rank kept across calls through the ABI (fl_ring_open), a ring of one rank on one GPU: its forward
+// twice (the second gives the first's bits) against the CPU twin, its backward against the fp64
+// oracle, and what it refuses: a NULL shape or rank at open (after the agreement, as a ring of one),
+// a NULL array in a call (FL_ERR_INVALID, and the rank still runs the next call), a NULL rank.
+TEST(CApi, RingRankKeptAcrossCallsWithItsBackward) {
+  if (!fl_cuda_available()) GTEST_SKIP() << "no GPU: " << fl_last_error();
+  if (!fl_ring_nccl_available()) GTEST_SKIP() << fl_last_error();
+#if FLASH_LADDER_HAS_CUDA
+  const fl::DType t = fl::DType::BF16;
+  fl_ring_shape c{2, 4, 2, 256, 64, 1, 0.0, 1, 1};
+  fl::AttentionShape whole;
+  whole.batch = 2, whole.heads = 4, whole.kv_heads = 2, whole.seq_q = whole.seq_k = 256, whole.head_dim = 64;
+  whole.causal = true;
+  const fl::Inputs in = fl::make_inputs(whole, t, 19);
+  const fl::BackwardInputs bin = fl::make_backward_inputs(whole, t, in, 20);
+  const std::vector<unsigned char> q = fl::to_storage(in.q, t), k = fl::to_storage(in.k, t), v = fl::to_storage(in.v, t),
+                                   o_in = fl::to_storage(bin.o, t), dout = fl::to_storage(bin.dout, t);
+  std::vector<unsigned char> o_twin(q.size());
+  std::vector<float> lse_twin(size_t(whole.lse_elems()));
+  ASSERT_EQ(fl_ring_forward_host(&c, FL_BF16, q.data(), k.data(), v.data(), o_twin.data(), lse_twin.data()), FL_OK)
+      << fl_last_error();
+  unsigned char id[FL_RING_ID_BYTES];
+  ASSERT_EQ(fl_ring_unique_id(id), FL_OK) << fl_last_error();
+  void* comm = nullptr;
+  ASSERT_EQ(fl_ring_comm_init(id, 1, 0, &comm), FL_OK) << fl_last_error();
+  fl_ring_rank* rank = nullptr;
+  EXPECT_REFUSED(fl_ring_open(nullptr, FL_BF16, comm, nullptr, &rank), FL_ERR_INVALID, "shape is NULL");
+  EXPECT_REFUSED(fl_ring_open(&c, FL_BF16, comm, nullptr, nullptr), FL_ERR_INVALID, "rank is NULL");
+  EXPECT_REFUSED(fl_ring_rank_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr), FL_ERR_INVALID, "rank is NULL");
+  ASSERT_EQ(fl_ring_open(&c, FL_BF16, comm, nullptr, &rank), FL_OK) << fl_last_error();
+  fl::gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), out(q.size()), dlse(lse_twin.size() * 4),
+      doo(q.size()), ddo(q.size()), dl2(lse_twin.size() * 4), gq(q.size()), gk(k.size()), gv(v.size());
+  dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+  doo.upload(o_in.data(), o_in.size()), ddo.upload(dout.data(), dout.size());
+  dl2.upload(bin.lse.data(), bin.lse.size() * 4);
+  float* dl = static_cast<float*>(dlse.get());
+  EXPECT_REFUSED(fl_ring_rank_forward(rank, dq.get(), dk.get(), dv.get(), nullptr, dl), FL_ERR_INVALID, "null pointer");
+  std::vector<unsigned char> first(q.size()), o(q.size());
+  for (int call = 0; call < 2; ++call) {
+    out.poison(), dlse.poison();
+    ASSERT_EQ(fl_ring_rank_forward(rank, dq.get(), dk.get(), dv.get(), out.get(), dl), FL_OK) << fl_last_error();
+    out.download((call ? o : first).data(), q.size());
+  }
+  EXPECT_EQ(first, o) << "the second call's O differs from the first's";
+  gq.poison(), gk.poison(), gv.poison();
+  const fl_status b = fl_ring_rank_backward(rank, dq.get(), dk.get(), dv.get(), doo.get(), static_cast<const float*>(dl2.get()),
+                                            ddo.get(), gq.get(), gk.get(), gv.get());
+  const std::string why = fl_last_error();
+  EXPECT_EQ(fl_ring_close(rank), FL_OK) << fl_last_error();
+  EXPECT_EQ(fl_ring_comm_destroy(comm), FL_OK) << fl_last_error();
+  ASSERT_EQ(b, FL_OK) << why;
+  const std::vector<float> of = fl::from_storage(o, t), tf = fl::from_storage(o_twin, t);
+  const std::vector<double> ref(tf.begin(), tf.end());
+  const fl::ErrorStats e = fl::compare(of.data(), ref.data(), int64_t(of.size()));
+  EXPECT_TRUE(fl::passes(e, t)) << e.str();
+  EXPECT_EQ(e.bad, 0) << "unwritten (still NaN) or non-finite O elements";
+  std::vector<unsigned char> g1(q.size()), g2(k.size()), g3(v.size());
+  gq.download(g1.data(), g1.size()), gk.download(g2.data(), g2.size()), gv.download(g3.data(), g3.size());
+  const fl::BackwardCheck bc = fl::check_backward(
+      t, {fl::from_storage(g1, t), fl::from_storage(g2, t), fl::from_storage(g3, t)},
+      fl::reference_backward(whole, in.q.data(), in.k.data(), in.v.data(), bin.dout.data()));
+  EXPECT_TRUE(bc.pass) << bc.str();
+#endif
+}
+
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,10 +121,20 @@ std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, 
     return std::all_of(errors.begin(), errors.end(), [](const std::string& x) { return x.empty(); });
   };
   const std::size_t qb = std::size_t(qh * L * d * e), kb = std::size_t(kh * L * d * e);
+  std::vector<std::unique_ptr<NcclRank>> ranks(static_cast<std::size_t>(P));  // the newest version, kept
+  struct Close {  // each rank's kept state freed on its own GPU, however this function ends
+    std::vector<std::unique_ptr<NcclRank>>& r;
+    ~Close() {
+      int current = 0;
+      cudaGetDevice(&current);
+      for (std::size_t i = 0; i < r.size(); ++i)
+        if (r[i]) cudaSetDevice(int(i)), r[i].reset();
+      cudaSetDevice(current);
+    }
+  } close{ranks};
   const auto call = [&](int r) {
     Shards& x = sh[std::size_t(r)];
-    nccl_ring_forward(s, t, x.q.get(), x.k.get(), x.v.get(), x.o.get(), static_cast<float*>(x.lse.get()),
-                      comms[std::size_t(r)], nullptr);
+    ranks[std::size_t(r)]->forward(x.q.get(), x.k.get(), x.v.get(), x.o.get(), static_cast<float*>(x.lse.get()));
   };
   // Each rank's shards up (its memory, its copies: what can fail on one rank alone, before any rank
   // enters the ring).
@@ -136,6 +147,10 @@ std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape& s, DType t, 
     s.shard(r, k, host.data(), kh, d * e), x.k.upload(host.data(), kb);
     s.shard(r, v, host.data(), kh, d * e), x.v.upload(host.data(), kb);
     x.o.poison(), x.lse.poison();
+  });
+  // Each rank opened once: its checks, the ranks' agreement, its buffers.
+  ok = ok && on_every_rank([&](int r) {
+    ranks[std::size_t(r)] = nccl_ring_open("", s, t, comms[std::size_t(r)], nullptr);
   });
   // The checked call, each rank's rows back into o and lse (disjoint rows).
   ok = ok && on_every_rank([&](int r) {

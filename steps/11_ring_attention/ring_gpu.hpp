@@ -87,9 +87,10 @@ void nccl_comm_destroy(void* comm);
 
 // The whole problem through the NCCL ring on GPUs 0 .. P − 1 of this process, a thread a rank (what
 // `ladder --ring P --device cuda` runs): q, k, v, o, lse HOST arrays of the whole problem in the
-// dtype's storage. Each rank's shards (its chunks in order) go to its GPU, it runs nccl_ring_forward
-// once (checked) and then `reps` more times, timed together (the median wall time of a call, in
-// *ms, rank 0's); its rows come back into o and lse. Each phase (the shards up, each call) runs on
+// dtype's storage. Each rank's shards (its chunks in order) go to its GPU, it opens the newest kept
+// version (nccl_ring_open), runs its forward once (checked) and then `reps` more times, timed
+// together (the median wall time of a call, in *ms, rank 0's); its rows come back into o and lse.
+// Each phase (the shards up, the opening, each call) runs on
 // every rank and ends for all before the next begins, so a rank that fails stops them all without a
 // hang. Returns each rank's error message ("" when it finished).
 // Throws InputError when this machine has fewer than P GPUs, and without NCCL.
