@@ -74,6 +74,7 @@ class KeptRank final : public NcclRank {
       sk_ = gpu::DeviceBuffer(kv * e), sv_ = gpu::DeviceBuffer(kv * e), pdk_ = gpu::DeviceBuffer(kv * e),
       pdv_ = gpu::DeviceBuffer(kv * e);
       ws_ = gpu::DeviceBuffer(std::max<std::size_t>(16, bwd_.backward_workspace_bytes(whole_step, t)));
+      FL_CUDA_CHECK(cudaMemsetAsync(dkv_next_.get(), 0, dkv_next_.size(), st));  // what NCCL overwrites, initialised
       // The transfers' stream at the highest priority: the local forward's persistent grid takes
       // every SM for the whole step, so a transfer kernel not placed before it waits for the
       // step's end, and holds its peer's SMs all that while (see the appendix).
