@@ -686,6 +686,7 @@ TEST(RingAttentionNccl, ANullPointerOnOneRankFailsEveryRankAndTheRingGoesOn) {
     s.shard(r, q.data(), host.data(), qh, d * 2), dq.upload(host.data(), qb);
     s.shard(r, k.data(), host.data(), kh, d * 2), dk.upload(host.data(), kb);
     s.shard(r, v.data(), host.data(), kh, d * 2), dv.upload(host.data(), kb);
+    o.poison(), lse.poison();  // the bad calls read them: written (NaN), for initcheck
     auto rank = ring::nccl_ring_open("", s, t, comm, nullptr);
     float* l = static_cast<float*>(lse.get());
     try {
