@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     if a.self_test:
         return self_test()
     F, F_bwd, beta, source = a.F, a.F_bwd, a.beta, "given"
-    measured = []  # (N, forward efficiency) that ring_probe --efficiency timed
+    measured = []  # ring_probe --efficiency's entries: N, version, forward and forward + backward efficiency
     if a.probe:
         with open(a.probe) as f:
             p = json.load(f)
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         F_bwd = F_bwd or p["bwd"]["tflops"] or F / 1.4
         beta = beta or max(l["GBps"] for l in links)
         source = f"{p.get('device', '?')}, {p.get('date', '?')}"
-        measured = [(e["N"], e["efficiency"]) for e in p.get("efficiency", []) if e.get("efficiency")]
+        measured = [e for e in p.get("efficiency", []) if e.get("efficiency")]
     if not (F and F_bwd and beta):
         ap.error("give --probe, or --F, --F-bwd and --beta")
     kw = dict(B=a.batch, H=a.heads, Hkv=a.kv_heads, d=a.head_dim, e=a.bytes, causal=a.causal,
@@ -134,8 +134,11 @@ def main(argv=None) -> int:
     print(f"{'N':>9} {'L':>8} {'fwd':>6} {'bwd':>6} {'both':>6}")
     for r in rows:
         print(f"{r['N']:>9} {r['L']:>8.0f} {r['fwd']:6.3f} {r['bwd']:6.3f} {r['both']:6.3f}")
-    for n, e in measured:  # the ring's forward as timed, beside the model at the same N
-        print(f"measured forward at N = {n}: {e:.3f} (model {efficiency(n, a.gpus, **kw)['fwd']:.3f})")
+    for e in measured:  # the ring as timed, beside the model at the same N
+        m = efficiency(e["N"], a.gpus, **kw)
+        both = e.get("efficiency_fwd_bwd")
+        print(f"measured at N = {e['N']}, {e.get('version', 'v2_nccl')}: forward {e['efficiency']:.3f} (model {m['fwd']:.3f})"
+              + (f", forward + backward {both:.3f} (model {m['both']:.3f})" if both else ""))
     if a.plot:
         import matplotlib
         matplotlib.use("Agg")
@@ -143,15 +146,22 @@ def main(argv=None) -> int:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         for key, label in (("fwd", "forward"), ("bwd", "backward"), ("both", "forward + backward")):
             ax.plot([r["N"] for r in rows], [r[key] for r in rows], marker="o", label=label)
-        if measured:
-            ax.plot([n for n, _ in measured], [e for _, e in measured], "k*", ms=10, label="forward, measured")
+        styles = {"v2_nccl": "kx", "v3_kept": "k+", "v4_overlap": "k^", "v5_backward": "ks"}
+        for v in sorted({e.get("version", "v2_nccl") for e in measured}):
+            pts = [e for e in measured if e.get("version", "v2_nccl") == v]
+            ax.plot([e["N"] for e in pts], [e["efficiency"] for e in pts], styles.get(v, "ko"), ms=7, mfc="none",
+                    label=f"forward, measured ({v})")
+            both = [e for e in pts if e.get("efficiency_fwd_bwd")]
+            if both:
+                ax.plot([e["N"] for e in both], [e["efficiency_fwd_bwd"] for e in both], "r*", ms=11,
+                        label=f"forward + backward, measured ({v})")
         ax.axvline(a.gpus * lf, ls=":", color="gray")
         ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1.05)
+        ax.set_ylim(0, max([1.05] + [e["efficiency"] + 0.05 for e in measured]))
         ax.set_xlabel("sequence length N")
         ax.set_ylabel(f"parallel efficiency on {a.gpus} GPUs")
         ax.set_title(f"The ring's model ({source})")
-        ax.legend()
+        ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(a.plot, dpi=120)
         print("wrote", a.plot)
