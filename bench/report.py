@@ -49,7 +49,8 @@ from collections import OrderedDict
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("ladder", "bench", "torch", "memory", "io")
 # Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
-BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary", "bwd_grid_summary", "decode")
+BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary", "bwd_grid_summary", "decode",
+               "ring")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 
 # The one ratio convention of every table: speed relative to a peer, the peer's time over ours.
@@ -959,12 +960,63 @@ def io_part(rows: list) -> str:
     return "\n".join(out)
 
 
+def ring_part(doc: dict) -> str:
+    """bench/ring_probe's JSON (rung 11): the link, the local kernels, and each ring version's parallel
+    efficiency at each N beside the same rungs on one GPU, with the relative L2 difference of its outputs."""
+    eff = [e for e in doc.get("efficiency", []) if not e.get("error")]
+    if not eff:
+        return ""
+    out = ["On %d %s GPUs (%s), `ring_probe --ring-versions %s --efficiency %s` (%s, whole problem %s, "
+           "causal, zigzag): parallel efficiency t_1 / (P · t_P), t_1 the same local rungs on one GPU on the "
+           "whole problem (%s forward, %s backward), t_P the ring's call on the wall clock." % (
+               doc.get("gpus", 0), doc.get("device", "?"), day(doc.get("date", "")),
+               ",".join(OrderedDict((e["version"], 1) for e in eff)), ",".join(OrderedDict((str(e["N"]), 1) for e in eff)),
+               doc.get("dtype", "?"), doc.get("shape", "?").replace("Nq=131072 Nk=131072 ", "").replace(" causal=0", ""),
+               doc.get("fwd", {}).get("rung", "?"), doc.get("bwd", {}).get("rung", "?")), ""]
+    links = doc.get("links", [])
+    if links:
+        out += ["The link, each way, one send and one receive per GPU in one NCCL group: " + ", ".join(
+            "%s GB/s at %s" % (sig3(l["GBps"]), describe_bytes(l["bytes"])) for l in links) +
+            ". The local kernels on one full step (%d by %d keys, not causal): forward %s TFLOP/s, "
+            "backward %s TFLOP/s." % (doc.get("step_len", 0), doc.get("step_len", 0), sig3(doc["fwd"]["tflops"]),
+                                      sig3(doc["bwd"]["tflops"])), ""]
+    versions = list(OrderedDict((e["version"], 1) for e in eff))
+    ns = sorted({e["N"] for e in eff})
+    by = {(e["N"], e["version"]): e for e in eff}
+    head = ["N", "one GPU fwd (ms)", "one GPU bwd (ms)"] + ["%s fwd" % v for v in versions]
+    has_bwd = [v for v in versions if any(by.get((n, v), {}).get("efficiency_bwd") for n in ns)]
+    head += ["%s bwd" % v for v in has_bwd] + ["%s fwd+bwd" % v for v in has_bwd]
+    body = []
+    for n in ns:
+        any_e = next(by[(n, v)] for v in versions if (n, v) in by)
+        row = [str(n), sig3(any_e["one_ms"]), sig3(any_e["one_bwd_ms"]) if any_e.get("one_bwd_ms") else "-"]
+        row += ["%.2f" % by[(n, v)]["efficiency"] if (n, v) in by else "-" for v in versions]
+        row += ["%.2f" % by[(n, v)]["efficiency_bwd"] if by.get((n, v), {}).get("efficiency_bwd") else "-" for v in has_bwd]
+        row += ["%.2f" % by[(n, v)]["efficiency_fwd_bwd"] if by.get((n, v), {}).get("efficiency_fwd_bwd") else "-"
+                for v in has_bwd]
+        body.append(row)
+    out += table(head, body, [True] * len(head))
+    worst = {}
+    for e in eff:
+        for k, x in (e.get("rel_l2") or {}).items():
+            if x is not None and k != "lse":
+                worst[k] = max(worst.get(k, 0.0), x)
+    if worst:
+        bar = max(e.get("bar") or 0 for e in eff)
+        out += ["", "Outputs against one GPU's on the same inputs, the largest relative L2 difference over every N and "
+                "version: " + ", ".join("%s %s" % (k.upper().replace("D", "d", 1) if k != "o" else "O", sci(x))
+                                        for k, x in worst.items()) +
+                " (the bar, (P + 2) units of roundoff: %s)." % sci(bar)]
+    return "\n".join(out)
+
+
 def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
     ladder_doc = read_json(os.path.join(results, "ladder.json"))
     bench_doc = read_json(os.path.join(results, "bench.json"))
     torch_doc = read_json(os.path.join(results, "torch.json"))
     io_doc = read_json(os.path.join(results, "io.json"))
     probes_doc = read_json(os.path.join(results, "probes.json"))
+    ring_doc = read_json(os.path.join(results, "ring.json"))
     runs, records, trows = ladder_runs(ladder_doc), bench_records(bench_doc), torch_rows(torch_doc)
 
     def fresh_for(rung, page):
@@ -980,6 +1032,8 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
                 return {"torch": grid_summary_part(probes_doc, step, "bwd") if isinstance(probes_doc, list) else None}
             if kind == "grid_summary":
                 return {"torch": grid_summary_part(probes_doc, step) if isinstance(probes_doc, list) else None}
+            if kind == "ring":
+                return {"torch": ring_part(ring_doc) if isinstance(ring_doc, dict) else None}
             if kind == "decode":
                 figure = os.path.join(docs_dir, "figures", "decode_bandwidth.png")
                 rel = (os.path.relpath(figure, os.path.dirname(page)).replace(os.sep, "/")
