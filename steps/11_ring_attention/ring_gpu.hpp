@@ -45,7 +45,9 @@ void nccl_ring_forward(const RingShape& s, DType t, const void* q, const void* k
 // size makes every rank's open throw InputError), and each takes its device memory. A call after
 // that only runs the ring. Its pointers are this rank's shards in device memory, laid out as for
 // nccl_ring_forward; a rank whose call has a null pointer still passes the shards on, and every
-// rank's call then throws InputError at its end, none hangs. Destroy it before its communicator.
+// rank's call then throws InputError at its end, none hangs. What the vote cannot catch (a non-null
+// pointer that is not this rank's device memory, a CUDA fault in a step) can still make one rank
+// throw out of the ring and leave the others waiting, as with v2. Destroy it before its communicator.
 class NcclRank {
  public:
   virtual ~NcclRank() = default;

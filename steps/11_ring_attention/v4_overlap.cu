@@ -36,7 +36,7 @@ class KeptRank final : public NcclRank {
       me_ = check_rank(s, t, comm, refused, {});  // ring_nccl.hpp
       gpu::require_memory(rank_bytes(s, t), "a rank of rung 11's ring (" + s.str() + ")");
       if (me_ < s.ranks) R_ = std::make_unique<RankState<T>>(s, t, me_, st);
-      if (R_) {  // what a call with null pointers passes on is zeros, never uninitialised memory
+      if (R_) {  // a call with null pointers passes on written memory, never uninitialised
         FL_CUDA_CHECK(cudaMemsetAsync(R_->kv(), 0, R_->shard_bytes(), st));
         FL_CUDA_CHECK(cudaMemsetAsync(R_->kv_next(), 0, R_->shard_bytes(), st));
       }
