@@ -8,9 +8,10 @@
 //      one full step's block pair: L = N / P queries against L keys, not causal.
 // Then the hiding lengths of the model, L* = (Hkv / H)·e·F / (2β) for the forward and
 // (Hkv / H)·(e + 4)·F_bwd / (5β) for the backward, and whether the problem asked for hides its
-// transfers. With --efficiency, the ring itself (rung 11's v2_nccl, one thread a GPU) against the
-// same forward on one GPU on the whole problem, at each N given: parallel efficiency
-// t_1 / (P · t_P). One process drives every visible GPU; with one GPU only F is measured.
+// transfers. With --efficiency, the ring itself (each version --ring-versions names, a thread a
+// GPU) against the same rungs on one GPU on the whole problem and the same inputs, at each N given:
+// parallel efficiency t_1 / (P · t_P), forward and (v5) backward, and how far its outputs are from
+// one GPU's. One process drives every visible GPU; with one GPU only F is measured.
 //
 //   build-hopper/bench/ring_probe --seq 131072 --heads 32 --kv-heads 8 --head-dim 128 --json ring.json
 #include <cuda_runtime.h>
