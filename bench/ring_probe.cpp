@@ -62,10 +62,10 @@ kernels' speed on one step of the problem, then prints the model's hiding length
   --batch B --heads H --kv-heads Hkv --seq N --head-dim d --dtype fp16|bf16
                     the whole problem (default 1, 32, 8, 131072, 128, bf16); a step is
                     L = N / P queries against L keys
-  --fwd-rung NAME   the forward a step runs (default: the first available of
+  --fwd-rung NAME   the forward a step runs (default: the ring's own, the first this GPU runs of
                     08_hopper_forward/v8_short_chains, 06_tensor_core_mma/v9_one_sync)
-  --bwd-rung NAME   the backward (default: the first available of 09_hopper_backward/v9_dk_in_flight,
-                    07_backward_recompute/v4_2d_tiles)
+  --bwd-rung NAME   the backward (default: the ring's own, the first this GPU runs of
+                    09_hopper_backward/v9_dk_in_flight, 07_backward_recompute/v4_2d_tiles)
   --efficiency LIST sequence lengths N at which to time the ring (a thread a GPU, causal, zigzag)
                     against the same rungs on one GPU on the whole problem, and to compare their
                     outputs (e.g. 16384,65536,131072)
@@ -144,16 +144,20 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The first rung of `names` this build has and this GPU runs (or `given`, which must be usable).
-const Rung* pick(const std::string& given, std::vector<std::string> names) {
-  if (!given.empty()) names = {given};
-  for (const std::string& n : names) {
-    const Rung* r = Registry::instance().find(n, Backend::Cuda);
-    if (r && r->unavailable().empty()) return r;
-    if (!given.empty())
-      throw InputError("rung " + n + " is " + (r ? "unavailable here: " + r->unavailable() : "not in this build"));
+// The rung `given` names, which must be usable here; without a name, the one the ring's steps run
+// (`fallback`: ring::gpu_local_rung or ring::gpu_local_backward_rung), or nullptr when there is none.
+const Rung* pick(const std::string& given, const Rung& (*fallback)(DType), DType t) {
+  if (given.empty()) {
+    try {
+      return &fallback(t);
+    } catch (const InputError&) {
+      return nullptr;
+    }
   }
-  return nullptr;
+  const Rung* r = Registry::instance().find(given, Backend::Cuda);
+  if (!r || !r->unavailable().empty())
+    throw InputError("rung " + given + " is " + (r ? "unavailable here: " + r->unavailable() : "not in this build"));
+  return r;
 }
 
 // A device buffer of `bytes` holding small random 16-bit values (a 1 MiB random block, repeated).
@@ -178,8 +182,8 @@ struct Rate {
 // F of one step's block pair: L queries against L keys, not causal, on GPU 0.
 std::pair<Rate, Rate> local_rates(const Options& o, const AttentionShape& step) {
   PROBE_CUDA(cudaSetDevice(0));
-  const Rung* fwd = pick(o.fwd_rung, {"08_hopper_forward/v8_short_chains", "06_tensor_core_mma/v9_one_sync"});
-  const Rung* bwd = pick(o.bwd_rung, {"09_hopper_backward/v9_dk_in_flight", "07_backward_recompute/v4_2d_tiles"});
+  const Rung* fwd = pick(o.fwd_rung, ring::gpu_local_rung, o.dtype);
+  const Rung* bwd = pick(o.bwd_rung, ring::gpu_local_backward_rung, o.dtype);
   if (!fwd) throw InputError("no forward rung of this build runs on this GPU");
   const std::size_t e = dtype_bytes(o.dtype);
   const std::size_t qb = std::size_t(step.batch * step.heads * step.seq_q * step.head_dim) * e;

@@ -113,8 +113,12 @@ inline void count_votes(const int* flag, bool mine, cudaStream_t st) {
   int all = 0;
   FL_CUDA_CHECK(cudaMemcpyAsync(&all, flag, sizeof all, cudaMemcpyDeviceToHost, st));
   FL_CUDA_CHECK(cudaStreamSynchronize(st));
-  if (!mine) throw nccl_bad("a null pointer among this rank's arrays; no rank's output of this call is valid");
-  if (!all) throw nccl_bad("another rank's call had a null pointer (its own error says so); no rank's output of this call is valid");
+  if (!mine)
+    throw nccl_bad("a null pointer among this rank's arrays; no rank's output of this call is valid: pass this "
+                   "rank's shards in device memory for every array and call again on every rank");
+  if (!all)
+    throw nccl_bad("another rank's call had a null pointer (its own error says so); no rank's output of this call "
+                   "is valid: call again on every rank once that rank's arrays are mended");
 }
 
 }  // namespace fl::ring
