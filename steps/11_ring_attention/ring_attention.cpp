@@ -159,11 +159,17 @@ void merge_rows(const std::vector<T>& o_p, const std::vector<float>& lse_p, int6
     for (int64_t i = 0; i < n; ++i) {
       float& l = lse[std::size_t(g * L + r0 + i)];
       const float lp = lse_p[std::size_t(g * n + i)];
+      float* row = o.data() + (g * L + r0 + i) * d;
+      const T* part = o_p.data() + (g * n + i) * d;
+      if (l == kNegInf) {  // an empty row takes the part as it is (if it saw a key): the blend
+        if (lp == kNegInf) continue;  // below gives the same value, but 0·0 + (−0) is +0, not −0
+        for (int64_t c = 0; c < d; ++c) row[c] = float(part[c]);
+        l = lp;
+        continue;
+      }
       const online_softmax::RowState m = online_softmax::merge({l, 1.f}, {lp, 1.f});
       if (m.m == kNegInf) continue;  // neither side saw a key: O stays 0, lse −∞
       const float a = std::exp(l - m.m), b = std::exp(lp - m.m);
-      float* row = o.data() + (g * L + r0 + i) * d;
-      const T* part = o_p.data() + (g * n + i) * d;
       for (int64_t c = 0; c < d; ++c) row[c] = (a * row[c] + b * float(part[c])) / m.l;
       l = m.m + std::log(m.l);
     }
