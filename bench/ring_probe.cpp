@@ -50,7 +50,7 @@ void check_nccl(ncclResult_t e, const char* what) {
   if (e != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(e));
 }
 
-const char* kUsage = R"(usage: ring_probe [flags]
+const char* kUsageText = R"(usage: ring_probe [flags]
 
 Measures what rung 11's ring needs to hide its communication: the link (every visible GPU sends to
 the next and receives from the previous in one NCCL group, as the ring does) and the local
@@ -63,9 +63,9 @@ kernels' speed on one step of the problem, then prints the model's hiding length
                     the whole problem (default 1, 32, 8, 131072, 128, bf16); a step is
                     L = N / P queries against L keys
   --fwd-rung NAME   the forward a step runs (default: the ring's own, the first this GPU runs of
-                    08_hopper_forward/v8_short_chains, 06_tensor_core_mma/v9_one_sync)
+                    @FWD@)
   --bwd-rung NAME   the backward (default: the ring's own, the first this GPU runs of
-                    09_hopper_backward/v9_dk_in_flight, 07_backward_recompute/v4_2d_tiles)
+                    @BWD@)
   --efficiency LIST sequence lengths N at which to time the ring (a thread a GPU, causal, zigzag)
                     against the same rungs on one GPU on the whole problem, and to compare their
                     outputs (e.g. 16384,65536,131072)
@@ -74,6 +74,19 @@ kernels' speed on one step of the problem, then prints the model's hiding length
   --json FILE       also write the measurements as JSON
   --help            this text
 )";
+
+// The usage text with the ring's own rung lists (ring_gpu.hpp) in place of @FWD@ and @BWD@.
+std::string usage() {
+  auto list = [](const auto& names) {
+    std::string r;
+    for (const char* n : names) r += (r.empty() ? "" : ", ") + std::string(n);
+    return r;
+  };
+  std::string u = kUsageText;
+  u.replace(u.find("@FWD@"), 5, list(ring::kLocalForwards));
+  u.replace(u.find("@BWD@"), 5, list(ring::kLocalBackwards));
+  return u;
+}
 
 struct Options {
   int gpus = 0;
@@ -102,7 +115,7 @@ Options parse(int argc, char** argv) {
       return x;
     };
     if (f == "--help") {
-      std::cout << kUsage;
+      std::cout << usage();
       std::exit(0);
     } else if (f == "--gpus") o.gpus = int(integer(1));
     else if (f == "--reps") o.reps = int(integer(1));

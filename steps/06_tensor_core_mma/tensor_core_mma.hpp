@@ -86,6 +86,8 @@ inline constexpr VersionInfo kVersions[] = {
 inline constexpr const char* kV1Name = kVersions[0].name;
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V9OneSync) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+// The newest version, the fastest on mma.sync: rung 11's forward step where rung 08 cannot run.
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // A version's kernel launcher (CUDA builds only): each version file (v1_mma.cu ... v9_one_sync.cu)
 // defines one and registers it under the version's name (launch.cuh).

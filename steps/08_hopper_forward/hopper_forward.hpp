@@ -65,6 +65,9 @@ inline constexpr VersionInfo kVersions[] = {
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V8ShortChains) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+// The newest version, the rung's fastest (chapter 08's tables): the forward rung 09 pairs with and
+// rung 11's steps run. A new version moves every one of them by being added last.
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // two consumer warpgroups of 64 rows each, 128 keys.

@@ -35,6 +35,7 @@
 #include <string>
 
 #include "../07_backward_recompute/backward_recompute.hpp"
+#include "../08_hopper_forward/hopper_forward.hpp"
 #include "../../common/host_device.hpp"
 
 namespace fl::hopper_backward {
@@ -80,12 +81,14 @@ inline constexpr VersionInfo kVersions[] = {
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V9DkInFlight) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+// The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
 
 // The forward the versions pair with (the ladder's and the C ABI's forward of a backward rung).
-inline constexpr const char* kForward = "08_hopper_forward/v8_short_chains";
+inline constexpr const char* kForward = hopper::kNewest;
 
 // v6's launch order in the deterministic mode: block `at` of the grid (in launch order, of
 // n_kv · pairs) takes rank `rank` in the order of turns (rank 0: the last K/V block, which adds

@@ -9,12 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "../06_tensor_core_mma/tensor_core_mma.hpp"
+#include "../07_backward_recompute/backward_recompute.hpp"
+#include "../08_hopper_forward/hopper_forward.hpp"
+#include "../09_hopper_backward/hopper_backward.hpp"
 #include "ring_attention.hpp"
 
 namespace fl::ring {
 
-// The forward rung a step runs on this GPU: 08_hopper_forward/v8_short_chains where the GPU runs it,
-// else 06_tensor_core_mma/v9_one_sync; fp16 and bf16. Throws InputError when there is none.
+// The rungs a step may run on the GPU, in order of preference: the newest (fastest) version of the
+// Hopper rung, else of the rung that runs on every GPU from sm_80. The first this GPU and build run
+// in the call's dtype is taken.
+inline constexpr const char* kLocalForwards[] = {hopper::kNewest, tensor_core_mma::kNewest};
+inline constexpr const char* kLocalBackwards[] = {hopper_backward::kNewest,
+                                                  backward::info(backward::Version::V4Tiles2d).name};
+
+// The forward rung a step runs on this GPU: the first of kLocalForwards it runs, fp16 and bf16.
+// Throws InputError when there is none.
 const Rung& gpu_local_rung(DType t);
 
 // O [B, H, N, d] and lse [B, H, N] of the whole problem, through the ring of s.ranks ranks all on
@@ -71,8 +82,8 @@ inline const std::vector<std::string>& nccl_ring_versions() {
 std::unique_ptr<NcclRank> nccl_ring_open(const std::string& version, const RingShape& s, DType t, void* comm,
                                          void* stream, const std::string& refused = {});
 
-// The backward rung a step of v5_backward runs: 09_hopper_backward/v9_dk_in_flight where the GPU
-// runs it, else 07_backward_recompute/v4_2d_tiles. Throws InputError when there is none.
+// The backward rung a step of v5_backward runs: the first of kLocalBackwards this GPU runs. Throws
+// InputError when there is none.
 const Rung& gpu_local_backward_rung(DType t);
 
 // A communicator for the ring when the caller has none (outside torchrun): one rank calls

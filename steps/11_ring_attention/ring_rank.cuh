@@ -21,6 +21,20 @@
 
 namespace fl::ring {
 
+// The first of `names` that this build registers for CUDA, this GPU runs and that takes dtype t
+// (gpu_local_rung and gpu_local_backward_rung); InputError naming `what` when none does.
+template <std::size_t N>
+const Rung& first_gpu_rung(const char* const (&names)[N], DType t, const char* what) {
+  for (const char* name : names) {
+    const Rung* r = Registry::instance().find(name, Backend::Cuda);
+    if (!r || !r->unavailable().empty()) continue;
+    const std::vector<DType> ts = r->caps().dtypes;
+    if (std::find(ts.begin(), ts.end(), t) != ts.end()) return *r;
+  }
+  throw InputError(std::string("rung 11_ring_attention (cuda): no ") + what + " rung of this build runs " +
+                   dtype_name(t) + " on this GPU");
+}
+
 // Folds a step's rows into a rank's running output: row i of every head of (o_p, lse_p) [groups,
 // n, d] into row r0 + i of (o_acc, lse_acc) [groups, L, d]. One block a row.
 template <class T>

@@ -44,16 +44,7 @@ void forward(const RingShape& s, DType t, const T* q, const T* k, const T* v, T*
 
 }  // namespace
 
-const Rung& gpu_local_rung(DType t) {
-  for (const char* name : {"08_hopper_forward/v8_short_chains", "06_tensor_core_mma/v9_one_sync"}) {
-    const Rung* r = Registry::instance().find(name, Backend::Cuda);
-    if (!r || !r->unavailable().empty()) continue;
-    const std::vector<DType> ts = r->caps().dtypes;
-    if (std::find(ts.begin(), ts.end(), t) != ts.end()) return *r;
-  }
-  throw InputError(std::string("rung 11_ring_attention (cuda): no forward rung of this build runs ") + dtype_name(t) +
-                   " on this GPU");
-}
+const Rung& gpu_local_rung(DType t) { return first_gpu_rung(kLocalForwards, t, "forward"); }
 
 void gpu_ring_forward_local(const RingShape& s, DType t, const void* q, const void* k, const void* v, void* o,
                             float* lse, void* stream) {

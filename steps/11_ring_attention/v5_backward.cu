@@ -273,15 +273,6 @@ std::unique_ptr<NcclRank> open_v5_backward(const RingShape& s, DType t, ncclComm
   return std::make_unique<KeptRank<__nv_bfloat16>>(s, t, comm, st, refused);  // fp32 and others: refused in the checks
 }
 
-const Rung& gpu_local_backward_rung(DType t) {
-  for (const char* name : {"09_hopper_backward/v9_dk_in_flight", "07_backward_recompute/v4_2d_tiles"}) {
-    const Rung* r = Registry::instance().find(name, Backend::Cuda);
-    if (!r || !r->unavailable().empty()) continue;
-    const std::vector<DType> ts = r->caps().dtypes;
-    if (std::find(ts.begin(), ts.end(), t) != ts.end()) return *r;
-  }
-  throw InputError(std::string("rung 11_ring_attention (cuda): no backward rung of this build runs ") + dtype_name(t) +
-                   " on this GPU");
-}
+const Rung& gpu_local_backward_rung(DType t) { return first_gpu_rung(kLocalBackwards, t, "backward"); }
 
 }  // namespace fl::ring
