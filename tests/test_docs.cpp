@@ -663,8 +663,9 @@ TEST(DocsChecker, StampedNumbersAreChecked) {
 // A chapter gives each diff it asks the student to run as one line in a fenced code block,
 //     diff steps/06_tensor_core_mma/v1_mma.cu steps/06_tensor_core_mma/v2_ldmatrix.cu   # 50 lines: ...
 // with the count of lines that diff marks changed ('<' or '>'), as `# N lines`. The check runs
-// every such diff and fails when a file is missing, a count is missing, or the diff is longer
-// than the chapter says. Rungs 01-07 and every version file vK (K ≥ 2) of a rung must have theirs.
+// every such diff and fails when a file is missing, a count is missing, or the diff's length is
+// not the one the chapter says (longer: the version grew past its idea; shorter: the count went
+// stale when a shared part moved out, and a student counting the lines would not find it). Rungs 01-07 and every version file vK (K ≥ 2) of a rung must have theirs.
 
 struct DiffClaim {
   std::string page, a, b;
@@ -718,7 +719,7 @@ std::vector<DiffClaim> all_diff_claims() {
   return out;
 }
 
-TEST(Diffs, EveryDocumentedDiffIsNoLongerThanTheChapterSays) {
+TEST(Diffs, EveryDocumentedDiffHasTheLengthTheChapterSays) {
   const auto claims = all_diff_claims();
   ASSERT_FALSE(claims.empty()) << "no diff command found in the docs";
   for (const DiffClaim& d : claims) {
@@ -729,7 +730,7 @@ TEST(Diffs, EveryDocumentedDiffIsNoLongerThanTheChapterSays) {
     const long n = changed_lines(kRoot / d.a, kRoot / d.b);
     ASSERT_GE(n, 0) << "diff failed";
     if (d.claimed >= 0) {
-      EXPECT_LE(n, d.claimed) << "the diff has " << n << " changed lines; the chapter says " << d.claimed;
+      EXPECT_EQ(n, d.claimed) << "the diff has " << n << " changed lines; the chapter says " << d.claimed;
     }
   }
 }
