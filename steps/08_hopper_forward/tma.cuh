@@ -8,7 +8,7 @@
 // written with, what fills the part of a box that lies outside the tensor) is a 128-byte "tensor
 // map" made once on the host (make_tensor_map) and passed to the kernel as a __grid_constant__
 // parameter. With the 128-byte swizzle and a box 64 values (128 bytes) wide, a box lands in
-// shared memory exactly as rung 07's wgmma.cuh lays out a panel (panel_at), which is what wgmma
+// shared memory exactly as this rung's wgmma.cuh lays out a panel (panel_at), which is what wgmma
 // reads: TMA and wgmma agree on the layout without any thread touching it.
 //
 // A copy completes on an mbarrier, a 64-bit object in shared memory: one thread announces how many

@@ -3,14 +3,14 @@
 // What changed from rung 06's v9_one_sync: mma.sync is one warp's 16×8×16 product with both
 // operands in registers, fed by ldmatrix; `wgmma.mma_async` is one warpgroup's (4 warps', 128
 // threads') 64×N×16 product that reads B, and A if asked, from shared memory itself, named by a
-// 64-bit matrix descriptor (rung 07's wgmma.cuh: the tile's address, its two strides, its
+// 64-bit matrix descriptor (wgmma.cuh, this rung's: the tile's address, its two strides, its
 // swizzle). So:
 //   - a thread block is two warpgroups, each owning 64 query rows (B_r = 128), and a K/V block is
 //     128 keys (B_c = 128);
 //   - S = Q_i K_jᵀ is, per k-step of 16 along d, two wgmma of 64 keys each with both operands in
 //     shared memory (Q and K are "K-major": d contiguous). No ldmatrix, no fragments to load;
 //   - the accumulator S lands in the warpgroup's registers in mma.sync's C layout, 4 warps × 16
-//     rows, so the online softmax is rung 06's, on 64 scores per row and thread instead of 32;
+//     rows, so the online softmax is rung 06's, on a thread's two rows of 32 scores each;
 //   - O += P V takes P from registers as the A operand (the C-is-A identity of rung 06 holds at
 //     warpgroup scale) and V from shared memory read transposed ("MN-major": d contiguous along
 //     the N side), one wgmma per k-step of 16 keys and 64 columns of d;

@@ -3,7 +3,7 @@
 // What changed from v6: every step rebuilt 32 descriptors (two for each of S's 8 k-steps, one for
 // each of P·V's 16 products) from shared-memory addresses: mask the address, shift it, combine it
 // with the strides and the swizzle mode, then move the 64-bit result to uniform registers.
-// Profiled beside cuDNN's kernel, v6 executes 12 % more instructions, and about 150 a step are this
+// Profiled beside cuDNN's kernel, v6 executes 14 % more instructions, and about 150 a step are this
 // arithmetic. A descriptor's
 // address field is its low 14 bits (the address over 16), and nothing else in the descriptor
 // changes from one k-step, buffer or panel to the next, so each one is its tile's base descriptor
