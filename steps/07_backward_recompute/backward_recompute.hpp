@@ -18,7 +18,7 @@
 //                                  the five products of a step as mma.sync, dQ added to an fp32
 //                                  workspace with atomics and rounded by a last pass (v1_mma.cu);
 //   .../v2_eight_warps, v3_kv_regs, v4_2d_tiles: one idea each (their files say which);
-//   07_backward_recompute/mma      the fastest of v1..v4 on this GPU (fastest_version).
+//   07_backward_recompute/mma      the fastest of v1..v4: v3 at d = 64, v4 at d = 128 (fastest_version).
 // The tensor-core versions' forward is rung 06's v9_one_sync. The same backward on Hopper's own
 // instructions (warpgroup MMA, TMA) is rung 09 (steps/09_hopper_backward), which reuses this rung's
 // twin, its IO model and the kernel parts in backward_mma.cuh. One CPU twin (backward_recompute.cpp)
@@ -32,7 +32,8 @@
 
 namespace fl::backward {
 
-// Query rows per step, every kernel.
+// Query rows per step: the twin's, its IO model's and every kernel's but v4's at d = 64, which
+// steps 128 rows at a time (its own Cfg::BR).
 inline constexpr int64_t kBr = 64;
 
 enum class Version { Fp32, V1Mma, V2EightWarps, V3KvRegs, V4Tiles2d, Fastest };

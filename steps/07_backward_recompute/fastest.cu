@@ -1,7 +1,7 @@
 // 07_backward_recompute/mma: the fastest tensor-core version the GPU runs, under one name, for the
 // tools that want "the ladder's best backward" (bench/compare_torch.py, the C ABI's users). Which
 // version that is, is decided here and nowhere else (fastest_version), from the measurements in
-// docs/07_backward_recompute.md.
+// the appendix of docs/07_backward_recompute.md.
 #include <cuda_runtime.h>
 
 #include <string>

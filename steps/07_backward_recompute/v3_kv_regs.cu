@@ -3,7 +3,7 @@
 // What changed from v2: every step, each warp read its 16 keys of K_j and V_j from shared memory
 // again (the A operands of Sᵀ = K_j Q_iᵀ and dPᵀ = V_j dO_iᵀ), though they do not change while
 // the Q blocks pass by. Loaded once, at the first step, they stay in registers for the whole
-// block: d/16 × 8 registers each, 64 in all at d = 64. At d = 128 the 128 registers do not fit
+// block: d/16 × 4 registers each, 32 in all at d = 64. At d = 128 the 64 registers do not fit
 // beside the accumulators (ptxas spills), so there the kernel is v2's.
 #include "backward_mma.cuh"
 

@@ -3,8 +3,8 @@
 // What changed from v3: v1-v3 give warp w 16 keys for everything, which makes each warp read all
 // of Q_i and dO_i twice per step (once for Sᵀ, dPᵀ and once, transposed, for dK, dV): an ldmatrix
 // of Q or dO feeds 2 mma, and the shared-memory pipe, not the tensor cores, sets the pace. Here,
-// as in FlashAttention-2, the 8 warps form a 4 × 2 grid three times over, one per product, so
-// every ldmatrix feeds more mma:
+// as in FlashAttention-2, the 8 warps form a grid of their own for each product (4 × 2 for Sᵀ,
+// dPᵀ and for dV, dK; 2 × 4 for dQ), so every ldmatrix feeds more mma:
 //
 //   Sᵀ, dPᵀ:  warp (w % 4, w / 4) computes keys 32·(w % 4).. +31 × query rows (BR/2)·(w / 4)..
 //             Pᵀ and dSᵀ go to shared memory, 16 bits, key-major.
@@ -15,7 +15,7 @@
 //
 // The price is Pᵀ through shared memory (one more 16-bit store per element) and a larger tile
 // there. The step's prologue (the walk, the tile loads, the prefetch) is backward_mma.cuh's
-// BlockTiles, which v5 shares.
+// BlockTiles, which rung 09's kernels share.
 #include "backward_mma.cuh"
 
 namespace fl::backward {
