@@ -17,8 +17,8 @@
 //                scale folded into the exponent's one FFMA, ex2.approx for exp2.
 //   v6_tall      128 query rows per thread block, 32 per warp, so each K/V fragment loaded from
 //                shared memory feeds two mma instead of one.
-//   v7_wide      at d = 64, 128 keys per K/V block: the per-row work of a step (max and sum across
-//                the quad, alpha, the rescale of O, a barrier) is shared by twice the keys.
+//   v7_wide      at d = 64, 128 keys per K/V block: the per-row work of a step (the max across the
+//                quad, alpha, the rescale of O, a barrier) is shared by twice the keys.
 //   v8_hoisted   the lane-dependent part of every ldmatrix and cp.async address (swizzle and all)
 //                is worked out once, before the loop: inside it each load is one instruction.
 //   v9_one_sync  one barrier per K/V block instead of two: the copy of the next block is issued

@@ -1,7 +1,7 @@
 // Rung 06, v7_wide: v6 with 128 keys per K/V block at d = 64.
 //
 // What changed from v6: each K/V block costs a fixed amount of per-row work besides its mma: the
-// max and the sum across the quad of lanes, alpha, the rescale of O, two barriers. At d = 64 the
+// max across the quad of lanes, alpha, the rescale of O and ℓ, two barriers. At d = 64 the
 // mma per block are few, so that overhead weighs; 128 keys per block share it over twice the
 // keys. At d = 128 the scores of 128 keys would not fit in registers beside O's accumulators, so
 // the tiling stays as v6's there. The change is the tiling (tensor_core_mma.hpp's `tiling`).
