@@ -71,8 +71,13 @@ inline std::vector<const Rung*> select_rungs(const std::string& list, bool cpu, 
       if (!found) {
         std::string built;
         for (const auto& n : Registry::instance().names()) built += (built.empty() ? "" : ", ") + n;
+        const std::string head = it.substr(0, 2);
+        if (head == "10" || head == "11")  // their problems are not one AttentionShape: a mode of their own
+          throw InputError("rung " + it + " does not run with --rungs: rung 10 (decoding) runs with --decode, "
+                           "rung 11 (ring attention) with --ring P; ladder --help says what each takes");
         throw InputError("no rung matches '" + it + "'; give a full name or its number (00, 01, ...) " +
-                         "from the rungs this build has: " + built);
+                         "from the rungs this build has (rung 10 runs with --decode, rung 11 with --ring P): " +
+                         built);
       }
     }
   return out;
@@ -132,7 +137,8 @@ inline GpuChoice choose_gpu(const std::string& device, const std::string& cuda_f
   GpuChoice g;
   if (device != "cpu" || ask_anyway) g.present = gpu::available(&g.why);
   g.use = g.present && device != "cpu";
-  if (device == "cuda" && !g.present) throw InputError(cuda_flag + ": no GPU rung can run here: " + g.why);
+  if (device == "cuda" && !g.present)
+    throw InputError(cuda_flag + ": no GPU rung can run here: " + g.why + " (without it the CPU twins run)");
   return g;
 }
 

@@ -87,6 +87,9 @@ try:
     import torch
     import torch.nn.functional as F
 except ImportError:  # said plainly: this script is for a machine that has PyTorch
+    if {"-h", "--help"} & set(sys.argv[1:]):  # what it does can still be read here
+        print(__doc__)
+        sys.exit("(the flags' list needs PyTorch to print: run --help where PyTorch is installed)")
     sys.exit("compare_torch.py needs PyTorch (import torch failed); run it where PyTorch is installed")
 
 FL_ABI_VERSION = 5  # must match FL_ABI_VERSION in capi/flash_ladder.h
@@ -1093,6 +1096,18 @@ def run_worker(args) -> int:
     """One process, every (shape, dtype) given (and the memory sweep, when asked); rows appended to
     args.rows_out as JSON lines as they are measured, so a crash keeps what was done before it."""
     ladder = Ladder(args.lib)
+    if args.rungs:  # as ladder takes them: full names, or a rung's name or number for all its versions
+        known = sorted(set(ladder.rungs("cpu") + ladder.rungs("cuda")))
+        wanted = []
+        for r in args.rungs:
+            hits = [k for k in known if k == r or k.split("/")[0] == r or k.split("_")[0] == r]
+            if not hits:
+                print(f"compare_torch: --rungs: no rung matches '{r}'; give a full name "
+                      f"(e.g. 06_tensor_core_mma/v9_one_sync), a rung's name (06_tensor_core_mma) "
+                      f"or its number (06). This library has: {', '.join(known)}", file=sys.stderr)
+                return 2
+            wanted += [h for h in hits if h not in wanted]
+        args.rungs = wanted
     if args.device == "cuda":
         ok, why = ladder.cuda_available()
         if not ok or not torch.cuda.is_available():
@@ -1246,7 +1261,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="fp32", help="comma-separated: fp32,fp16,bf16 (default fp32)")
     ap.add_argument("--shapes", nargs="+", type=parse_shape, help="B x H[/Hkv] x Nq[:Nk] x d[c] ...")
     ap.add_argument("--quick", action="store_true", help="two small ragged shapes, for a smoke test")
-    ap.add_argument("--rungs", help="comma-separated rung names (default: every rung in the library)")
+    ap.add_argument("--rungs", help="comma-separated rungs: full names (06_tensor_core_mma/v9_one_sync), a rung's "
+                    "name or number for all its versions (06_tensor_core_mma, 06); default: every rung in the library")
     ap.add_argument("--peers", default=",".join(SDPA_BACKENDS), help="SDPA backends to time")
     ap.add_argument("--reps", type=int, default=20, help="timed calls per measurement (median)")
     ap.add_argument("--warmup", type=int, default=3)
@@ -1318,6 +1334,18 @@ def main(argv=None) -> int:
         return run_worker(args)
 
     ladder = Ladder(args.lib)
+    if args.rungs:  # as ladder takes them: full names, or a rung's name or number for all its versions
+        known = sorted(set(ladder.rungs("cpu") + ladder.rungs("cuda")))
+        wanted = []
+        for r in args.rungs:
+            hits = [k for k in known if k == r or k.split("/")[0] == r or k.split("_")[0] == r]
+            if not hits:
+                print(f"compare_torch: --rungs: no rung matches '{r}'; give a full name "
+                      f"(e.g. 06_tensor_core_mma/v9_one_sync), a rung's name (06_tensor_core_mma) "
+                      f"or its number (06). This library has: {', '.join(known)}", file=sys.stderr)
+                return 2
+            wanted += [h for h in hits if h not in wanted]
+        args.rungs = wanted
     if args.device == "cuda":
         ok, why = ladder.cuda_available()
         if not ok or not torch.cuda.is_available():

@@ -39,8 +39,10 @@
 // needs and how much there is). When nothing ran for another reason (the CPU twins sitting out a
 // large problem, too little device memory) the ladder says so and exits 0.
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -875,7 +877,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows,
   top.raw("problem", problem.dump("  ")).raw("device", device.dump("  ")).raw("rows", json_list(row_list))
       .raw("backward_rows", json_list(bwd_list));
   std::ofstream f(path);
-  if (!f) throw InputError("--json: cannot write '" + path + "'");
+  if (!f) throw InputError("--json: cannot write '" + path + "': " + std::strerror(errno));
   f << top.dump() << '\n';
   f.close();
   // A full disk shows only here; "wrote FILE" and exit status 0 over a truncated file would not do.
@@ -901,6 +903,21 @@ void list_rungs(std::ostream& os) {
   d.add({"10_decoding", "cpu", "yes", "the twin: split-KV with a group's rows packed, contiguous or paged cache"});
   for (const decoding::Kernel& k : decoding::kernels()) d.add({k.name, "cuda", k.paged ? "yes" : "no", k.idea});
   d.print(os);
+  os << "\nRung 11, ring attention (ladder --ring P): one sequence over P ranks\n";
+  Table g({"version", "backend", "idea"}, {false, false, false});
+  g.add({"11_ring_attention", "cpu", "the twin: P ranks simulated in one process, every byte sent counted"});
+  g.add({"11_ring_attention/v1_ring", "cuda", "every rank on one GPU, the transfers as device copies"});
+#ifdef FLASH_LADDER_HAS_NCCL
+  g.add({"11_ring_attention/v2_nccl", "cuda", "a rank a GPU, the shards over NCCL, set up on every call"});
+  for (const std::string& v : ring::nccl_ring_versions())
+    g.add({"11_ring_attention/" + v, "cuda",
+           v == "v3_kept"      ? "v2 with the rank kept across calls (opened once)"
+           : v == "v4_overlap" ? "v3 with the transfer on its own stream, under the step"
+                               : "v4 with the backward on the GPUs (what --ring P --device cuda runs)"});
+#else
+  g.add({"11_ring_attention/v2_nccl .. v5_backward", "-", "not in this build: CMake found no NCCL"});
+#endif
+  g.print(os);
 }
 
 // ---- --decode: rung 10 ---------------------------------------------------------------------------
@@ -978,6 +995,9 @@ int decode_main(const Options& opt) {
                      "--splits and --no-ceiling; --json, --rungs, --inputs, --verify-rows and --deterministic are for the other rungs");
   if (opt.dtype_given && opt.dtype != DType::F16 && opt.dtype != DType::BF16)
     throw InputError("--decode runs fp16 and bf16 (rung 10's dtypes), not " + std::string(dtype_name(opt.dtype)));
+  if (opt.page_size > 0 && opt.page_size % 16 != 0)
+    throw UsageError("--page-size must be a multiple of 16 (or 0 for a contiguous cache), got " +
+                     std::to_string(opt.page_size));
   const DType t = opt.dtype_given ? opt.dtype : DType::BF16;
   Options o = opt;
   o.dtype = t;
@@ -1232,7 +1252,7 @@ int ladder_main(int argc, char** argv) {
     std::error_code ec;
     const bool existed = std::filesystem::exists(opt.json, ec);
     if (!std::ofstream(opt.json, std::ios::app))
-      throw InputError("--json: cannot write '" + opt.json + "'");
+      throw InputError("--json: cannot write '" + opt.json + "': " + std::strerror(errno));
     if (!existed) std::filesystem::remove(opt.json, ec);
   }
 
@@ -1331,6 +1351,9 @@ int ladder_main(int argc, char** argv) {
     if (fwd.all_refused && bwd.all_refused) {
       std::cerr << "ladder: no selected rung runs this problem (" << p.shape.str() << ", "
                 << dtype_name(p.dtype) << "): each refused it, for the reasons under the table\n";
+      if (p.dtype == DType::F32)
+        std::cerr << "ladder: fp32 is the default dtype; the tensor-core rungs (06 and up) take fp16 and bf16: "
+                     "try --dtype bf16\n";
       return 2;
     }
     std::cout << "Nothing ran: every rung was skipped, for the reasons under the table"

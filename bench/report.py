@@ -301,7 +301,8 @@ def phase(row: dict) -> str:
 
 
 def torch_command(rows: list[dict]) -> str:
-    compared = [r for r in rows if r.get("kind") != "memory"]
+    # a "time" row is compare_torch's note that its --time-limit stopped it: it measured no dtype
+    compared = [r for r in rows if r.get("kind") not in ("memory", "time")]
     swept = any(r.get("kind") == "memory" for r in rows)
     dtypes = sorted({r["dtype"] for r in compared if r.get("dtype")}, key=dtype_key)
     device = "cpu" if all(r.get("device") == "cpu" for r in compared if r.get("kind") == "rung") else None

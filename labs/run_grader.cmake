@@ -51,7 +51,9 @@ endif()
 
 if(EXPECT STREQUAL "pass")
   if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "lab ${LAB}: not yet: ${FILE} fails the grader (the failures are above).")
+    message(FATAL_ERROR "lab ${LAB}: not yet: ${FILE} fails the grader (the failures are above). "
+                        "ctest runs the grader as last built: after editing ${FILE}, rebuild it first "
+                        "(cmake --build <build dir> --target lab_${LAB}).")
   endif()
   message("lab ${LAB}: ${FILE} passes all ${ran} grader tests")
 elseif(EXPECT STREQUAL "fail")

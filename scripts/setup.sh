@@ -218,8 +218,8 @@ fl_choose_cuda() {
   local ver
   ver=$("$FL_NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n1)
   ver=${ver:-0}
-  # A GPU here: build for it alone (what CMake's "native" picks), named by number so that rung 07's
-  # sm_90 -> sm_90a rule still sees it.
+  # A GPU here: build for it alone (what CMake's "native" picks), named by number so that rungs 08
+  # and 09's sm_90 -> sm_90a rule still sees it.
   local gpus="" caps="" why=""
   if command -v nvidia-smi >/dev/null 2>&1; then
     gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sed '/^$/d' || true)
@@ -317,9 +317,9 @@ fl_build() {
     if [ -n "$FL_ARCHS" ]; then
       local n
       if [ "$FL_ARCHS" = native ]; then n=1; else n=$(echo "$FL_ARCHS" | wc -w); fi
-      # Measured: 6 min for 4 architectures on 2 cores, most of it the tensor-core rungs' kernel files (before they were split
-      # into version files), each compiled once per architecture.
-      local min=$(( (n * 3 + cores - 1) / cores ))
+      # Measured: the whole quick start took 575-619 s for 4 architectures on CI's 2 cores (2026-11-24), most of it the
+      # tensor-core rungs' kernel files (one file a version), each compiled once per architecture: ~5 min a core each.
+      local min=$(( (n * 5 + cores - 1) / cores ))
       fl_say "building: the first build compiles $n GPU architecture$([ "$n" -gt 1 ] && echo s) ($FL_ARCHS); ~$min min on $cores cores"
     else
       fl_say "building: the first build compiles the CPU twins and the tests; ~$(( (4 + cores - 1) / cores )) min on $cores cores"
