@@ -1096,18 +1096,6 @@ def run_worker(args) -> int:
     """One process, every (shape, dtype) given (and the memory sweep, when asked); rows appended to
     args.rows_out as JSON lines as they are measured, so a crash keeps what was done before it."""
     ladder = Ladder(args.lib)
-    if args.rungs:  # as ladder takes them: full names, or a rung's name or number for all its versions
-        known = sorted(set(ladder.rungs("cpu") + ladder.rungs("cuda")))
-        wanted = []
-        for r in args.rungs:
-            hits = [k for k in known if k == r or k.split("/")[0] == r or k.split("_")[0] == r]
-            if not hits:
-                print(f"compare_torch: --rungs: no rung matches '{r}'; give a full name "
-                      f"(e.g. 06_tensor_core_mma/v9_one_sync), a rung's name (06_tensor_core_mma) "
-                      f"or its number (06). This library has: {', '.join(known)}", file=sys.stderr)
-                return 2
-            wanted += [h for h in hits if h not in wanted]
-        args.rungs = wanted
     if args.device == "cuda":
         ok, why = ladder.cuda_available()
         if not ok or not torch.cuda.is_available():
