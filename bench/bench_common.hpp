@@ -138,7 +138,8 @@ inline GpuChoice choose_gpu(const std::string& device, const std::string& cuda_f
   if (device != "cpu" || ask_anyway) g.present = gpu::available(&g.why);
   g.use = g.present && device != "cpu";
   if (device == "cuda" && !g.present)
-    throw InputError(cuda_flag + ": no GPU rung can run here: " + g.why + " (without it the CPU twins run)");
+    throw InputError(cuda_flag + ": no GPU rung can run here: " + g.why + " (without " + cuda_flag +
+                     " the CPU twins run)");
   return g;
 }
 

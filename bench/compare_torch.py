@@ -1326,7 +1326,8 @@ def main(argv=None) -> int:
         known = sorted(set(ladder.rungs("cpu") + ladder.rungs("cuda")))
         wanted = []
         for r in args.rungs:
-            hits = [k for k in known if k == r or k.split("/")[0] == r or k.split("_")[0] == r]
+            # ladder's rule (bench_common.hpp, rung_matches): r, then the end or '_' or '/'
+            hits = [k for k in known if k.startswith(r) and (len(k) == len(r) or k[len(r)] in "_/")]
             if not hits:
                 print(f"compare_torch: --rungs: no rung matches '{r}'; give a full name "
                       f"(e.g. 06_tensor_core_mma/v9_one_sync), a rung's name (06_tensor_core_mma) "

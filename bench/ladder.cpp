@@ -906,7 +906,9 @@ void list_rungs(std::ostream& os) {
   os << "\nRung 11, ring attention (ladder --ring P): one sequence over P ranks\n";
   Table g({"version", "backend", "idea"}, {false, false, false});
   g.add({"11_ring_attention", "cpu", "the twin: P ranks simulated in one process, every byte sent counted"});
+#ifdef FLASH_LADDER_HAS_CUDA
   g.add({"11_ring_attention/v1_ring", "cuda", "every rank on one GPU, the transfers as device copies"});
+#endif
 #ifdef FLASH_LADDER_HAS_NCCL
   g.add({"11_ring_attention/v2_nccl", "cuda", "a rank a GPU, the shards over NCCL, set up on every call"});
   for (const std::string& v : ring::nccl_ring_versions())
@@ -1351,7 +1353,7 @@ int ladder_main(int argc, char** argv) {
     if (fwd.all_refused && bwd.all_refused) {
       std::cerr << "ladder: no selected rung runs this problem (" << p.shape.str() << ", "
                 << dtype_name(p.dtype) << "): each refused it, for the reasons under the table\n";
-      if (p.dtype == DType::F32)
+      if (p.dtype == DType::F32 && !opt.dtype_given)
         std::cerr << "ladder: fp32 is the default dtype; the tensor-core rungs (06 and up) take fp16 and bf16: "
                      "try --dtype bf16\n";
       return 2;

@@ -51,9 +51,10 @@ endif()
 
 if(EXPECT STREQUAL "pass")
   if(NOT rc EQUAL 0)
+    get_filename_component(target "${GRADER}" NAME_WE)
     message(FATAL_ERROR "lab ${LAB}: not yet: ${FILE} fails the grader (the failures are above). "
                         "ctest runs the grader as last built: after editing ${FILE}, rebuild it first "
-                        "(cmake --build <build dir> --target lab_${LAB}).")
+                        "(cmake --build <build folder> --target ${target}).")
   endif()
   message("lab ${LAB}: ${FILE} passes all ${ran} grader tests")
 elseif(EXPECT STREQUAL "fail")

@@ -662,7 +662,7 @@ TEST(DocsChecker, StampedNumbersAreChecked) {
 //
 // A chapter gives each diff it asks the student to run as one line in a fenced code block,
 //     diff steps/06_tensor_core_mma/v1_mma.cu steps/06_tensor_core_mma/v2_ldmatrix.cu   # 50 lines: ...
-// with the count of lines that diff marks changed ('<' or '>'), as `# N lines`. The check runs
+// with the count of lines a minimal diff marks changed ('<' or '>'), as `# N lines`. The check runs
 // every such diff and fails when a file is missing, a count is missing, or the diff's length is
 // not the one the chapter says (longer: the version grew past its idea; shorter: the count went
 // stale when a shared part moved out, and a student counting the lines would not find it). Rungs 01-07 and every version file vK (K ≥ 2) of a rung must have theirs.
@@ -694,20 +694,25 @@ std::vector<DiffClaim> diff_claims(const std::string& page, const std::string& t
   return out;
 }
 
-// Lines `diff a b` marks changed, by diff itself (POSIX; CI's machines have it). -1 if it failed.
+// Lines a minimal diff of a and b marks changed ('<' or '>'): lines(a) + lines(b) − 2·LCS, what
+// `diff --minimal a b | grep -c '^[<>]'` prints. Counted here, not by running diff, because diff
+// programs differ on long rewrites (GNU diff without --minimal marks a few more). -1 if a file is
+// missing.
 long changed_lines(const fs::path& a, const fs::path& b) {
-  const std::string cmd = "diff '" + a.string() + "' '" + b.string() + "'";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return -1;
-  long n = 0;
-  char buf[4096];
-  bool line_start = true;
-  while (std::fgets(buf, sizeof buf, p)) {
-    if (line_start && (buf[0] == '<' || buf[0] == '>')) ++n;
-    line_start = std::strchr(buf, '\n') != nullptr;
+  auto lines = [](const fs::path& f, std::vector<std::string>* out) {
+    std::ifstream in(f);
+    if (!in) return false;
+    for (std::string l; std::getline(in, l);) out->push_back(l);
+    return true;
+  };
+  std::vector<std::string> x, y;
+  if (!lines(a, &x) || !lines(b, &y)) return -1;
+  std::vector<long> prev(y.size() + 1, 0), cur(y.size() + 1, 0);
+  for (const std::string& xi : x) {
+    for (std::size_t j = 0; j < y.size(); ++j) cur[j + 1] = xi == y[j] ? prev[j] + 1 : std::max(prev[j + 1], cur[j]);
+    std::swap(prev, cur);
   }
-  const int rc = pclose(p);
-  return (rc == -1 || WEXITSTATUS(rc) > 1) ? -1 : n;  // diff: 0 same, 1 different, 2 trouble
+  return long(x.size() + y.size()) - 2 * prev[y.size()];
 }
 
 std::vector<DiffClaim> all_diff_claims() {
