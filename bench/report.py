@@ -36,6 +36,7 @@ running this twice, or with only some of the files, never loses a table.
 """
 from __future__ import annotations
 
+from collections import Counter
 import argparse
 import json
 import math
@@ -781,10 +782,11 @@ def decode_part(rows: list[dict], figure: str | None) -> str:
     body = []
     # A kernel that refuses a kind of cell by design (v1 has no paged path) refuses it in every cell:
     # its refusal is listed once, at the first such cell, with how many cells it stands for.
-    skips: dict = {}
-    for r in dec:
-        if r["kind"] == "decode" and r.get("ms") is None and r.get("skip") and r.get("name") != "cell":
-            skips[(r["name"], r.get("page_size"), r["skip"])] = skips.get((r["name"], r.get("page_size"), r["skip"]), 0) + 1
+    def refusal(r: dict):
+        return ((r["name"], r.get("page_size"), r["skip"]) if r["kind"] == "decode" and r.get("ms") is None
+                and r.get("skip") and r.get("name") != "cell" else None)
+    refusals = Counter(k for k in map(refusal, dec) if k)
+    listed = set()
     for r in dec:
         if r["kind"] != "decode" or r.get("name") == "cell" and not r.get("skip"):
             continue
@@ -792,12 +794,12 @@ def decode_part(rows: list[dict], figure: str | None) -> str:
         lead = [r.get("shape", "?"), r.get("dtype", "?"), name]
         if r.get("ms") is None:
             why = r.get("skip") or r.get("error") or "not measured"
-            key = (r["name"], r.get("page_size"), why)
-            if r.get("skip") and r.get("name") != "cell" and skips.get(key, 0) > 1:
-                n = skips.pop(key)
-                why += " (the same in all %d cells; listed once)" % n
-            elif r.get("skip") and r.get("name") != "cell" and key not in skips:
-                continue  # listed once already
+            key = refusal(r)
+            if key in listed:
+                continue
+            if key and refusals[key] > 1:
+                listed.add(key)
+                why += " (the same in all %d cells; listed once)" % refusals[key]
             body.append(lead + ["-"] * 7 + [("skipped" if r.get("skip") else "ERROR") + notes.ref(why)])
             continue
         frac = r.get("frac_stream_read")

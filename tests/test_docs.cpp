@@ -20,11 +20,7 @@
 // The source root comes from the build: FL_SOURCE_DIR (tests/CMakeLists.txt sets it).
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <algorithm>
-#include <cstdio>
-#include <cstring>
 #include <map>
 #include <cctype>
 #include <filesystem>
