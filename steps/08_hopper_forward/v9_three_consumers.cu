@@ -14,8 +14,9 @@
 // What changed: at d = 64 the tile is 192 rows (`tiling`), so the block has 4 warpgroups (512
 // threads); the registers are split 32 for the producer and 160 for each consumer (128·32 +
 // 384·160 = 65536, the SM's whole file), which a d = 64 consumer needs no more than (ptxas: no
-// spill). At d = 128 the version is v8: 192 rows there would need 3 · 128 · (64 + 64 + 32 + …)
-// registers that the file does not have. The empty barriers count one arrival per consumer, as
+// spill). At d = 128 the version is v8: a consumer there holds S's 64 and O's 64 fp32
+// accumulators a thread and P's 32 registers before any address or softmax state, more than the
+// 160 that three consumers would leave it. The empty barriers count one arrival per consumer, as
 // before, now three.
 #include <cuda_runtime.h>
 
