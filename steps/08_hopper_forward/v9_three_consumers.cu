@@ -23,8 +23,11 @@
 // mask), which at 192 rows is too coarse a share. At 4 × 16 × 4096 there are 704 pairs of 192-row
 // tiles for 132 SMs, 5.33 rounds, so the last of 6 rounds leaves two thirds of the SMs idle
 // (Nsight Compute, without this change: the SMs active 84 % of the time against v8's 93 %, while
-// each active SM ran 7 % faster than v8's). So the unit is now one tile, dealt in a snake, and
-// under the causal mask the longest tiles of every head come first (`tile_at`).
+// each active SM ran 7 % faster than v8's). So at d = 64 the unit is one tile, dealt in a snake,
+// and under the causal mask the longest tiles of every head come first (`tile_at`). At d = 128
+// the walk stays v8's: dealt this way its 128-row tiles ran 0.67–0.98× v8 (run 59; not
+// profiled: the likely cause under the causal mask is that longest first puts the tiles in flight
+// on many more heads than L2 holds).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,7 +76,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
              const __grid_constant__ CUtensorMap tv,  // V [B·Hkv][Nk][d]
              T* __restrict__ o,                       // [B, H, Nq, d]
              float* __restrict__ lse,  // [B, H, Nq]
-             int heads, int group, int64_t nq, int64_t nk, int n_tiles, float scale_log2, bool causal) {
+             int heads, int group, int64_t nq, int64_t nk, int n_units, float scale_log2, bool causal) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace fl::wgmma;
   using C = Cfg<D>;
@@ -94,12 +97,15 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   const int wg = role - 1, wr = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int n_m = int((nq + BR - 1) / BR);  // row tiles a head
 
-  // Tile k of this block's walk: number k·G + b in even rounds k and k·G + (G − 1 − b) in odd ones
-  // (G blocks, b = blockIdx.x: a snake, so that a block early in one round is late in the next).
-  // Not causal, the tiles are numbered head by head, so that the tiles in flight at once share a
-  // few heads' K and V in L2. Causal, longest first: every head's last row tile (m = n − 1), then
-  // every head's m = n − 2, and so on down to m = 0, so that the short tiles at the end even out
-  // the blocks' loads. One tile, not v5's pair, is the unit of the walk (the header says why).
+  // Tile k of this block's walk. At d = 128, v8's: the first or second half of pair
+  // blockIdx.x + (k / 2)·gridDim.x, the longer tile first (m = n − 1 − p, then m = p); `valid` is
+  // false for the second half of a head's middle pair where n is odd (m = p = n − 1 − p). At d = 64
+  // one tile is the unit (the header says why): number k·G + b in even rounds and k·G + (G − 1 − b)
+  // in odd ones (G blocks, b = blockIdx.x: a snake, so that a block early in one round is late in
+  // the next). Not causal, the tiles are numbered head by head, so that the tiles in flight at once
+  // share a few heads' K and V in L2. Causal, longest first: every head's m = n − 1, then every
+  // head's m = n − 2, and so on, so that the short tiles at the end even out the blocks' loads.
+  // `last`: past the last pair or tile (n_units of them).
   // The tile's first row, its (batch, head) and slice of K and V, and how many key blocks it sees.
   struct Tile {
     bool valid, last;
@@ -108,12 +114,24 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   };
   auto tile_at = [&](int k) {
     Tile w{};
-    const int tile = k * int(gridDim.x) + (k % 2 == 0 ? int(blockIdx.x) : int(gridDim.x) - 1 - int(blockIdx.x));
-    w.last = tile >= n_tiles;
-    w.valid = !w.last;
-    if (w.last) return w;
-    const int bhs = n_tiles / n_m, m = causal ? n_m - 1 - tile / bhs : tile % n_m;
-    w.bh = causal ? tile % bhs : tile / n_m;
+    int m;
+    if constexpr (C::kConsumers == 2) {
+      const int pairs_a_head = (n_m + 1) / 2, pair = blockIdx.x + (k / 2) * gridDim.x, half = k % 2;
+      w.last = pair >= n_units;
+      const int p = pair % pairs_a_head;
+      m = half ? p : n_m - 1 - p;
+      w.valid = !w.last && !(half && m == n_m - 1 - p);
+      if (!w.valid) return w;
+      w.bh = pair / pairs_a_head;
+    } else {
+      const int tile = k * int(gridDim.x) + (k % 2 == 0 ? int(blockIdx.x) : int(gridDim.x) - 1 - int(blockIdx.x));
+      w.last = tile >= n_units;
+      w.valid = !w.last;
+      if (!w.valid) return w;
+      const int bhs = n_units / n_m;
+      m = causal ? n_m - 1 - tile / bhs : tile % n_m;
+      w.bh = causal ? tile % bhs : tile / n_m;
+    }
     w.i0 = int64_t(m) * BR;
     w.kv = int(w.bh / heads) * (heads / group) + int(w.bh % heads) / group;
     const int64_t last_row = min(w.i0 + BR, nq) - 1;
@@ -366,15 +384,16 @@ struct Launch {
     const CUtensorMap tq = tma::make_tensor_map(a.q, t, s.batch * s.heads, s.seq_q, D, C::BR);
     const CUtensorMap tk = tma::make_tensor_map(a.k, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     const CUtensorMap tv = tma::make_tensor_map(a.v, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
-    // One block per SM (one fits: the whole register file), or one per tile where there are fewer.
-    const int64_t tiles = ceil_div<int64_t>(s.seq_q, C::BR) * s.batch * s.heads;
-    if (tiles > INT32_MAX / 4)  // the walk counts tiles in an int
+    // One block per SM (one fits: the whole register file), or one per unit of the walk (a pair of
+    // tiles at d = 128, a tile at d = 64) where there are fewer.
+    const int64_t tiles = ceil_div<int64_t>(s.seq_q, C::BR), units = (C::kConsumers == 2 ? (tiles + 1) / 2 : tiles) * s.batch * s.heads;
+    if (units > INT32_MAX / 4)  // the walk counts tiles in an int
       throw InputError("rung 08_hopper_forward/v9_three_consumers (cuda): ceil(Nq / " + std::to_string(C::BR) +
                        ") * batch * heads must be below 2^29");
     const int sms = gpu::sm_count();
-    const unsigned grid = unsigned(std::min<int64_t>(tiles, sms));
+    const unsigned grid = unsigned(std::min<int64_t>(units, sms));
     wgmma_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, as_stream(a.stream)>>>(
-        tq, tk, tv, static_cast<T*>(a.o), a.lse, int(s.heads), int(s.group()), s.seq_q, s.seq_k, int(tiles),
+        tq, tk, tv, static_cast<T*>(a.o), a.lse, int(s.heads), int(s.group()), s.seq_q, s.seq_k, int(units),
         s.softmax_scale() * kLog2e, s.causal);
     FL_CUDA_CHECK_LAUNCH();
   }
