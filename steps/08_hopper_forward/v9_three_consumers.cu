@@ -25,7 +25,7 @@
 // (Nsight Compute, without this change: the SMs active 84 % of the time against v8's 93 %, while
 // each active SM ran 7 % faster than v8's). So at d = 64 the unit is one tile, dealt in a snake,
 // and under the causal mask the longest tiles of every head come first (`tile_at`). At d = 128
-// the walk stays v8's: dealt this way its 128-row tiles ran 0.67–0.98× v8 (run 59; not
+// the walk stays v8's: dealt this way its 128-row tiles ran 0.67–0.98× v8 (run 58; not
 // profiled: the likely cause under the causal mask is that longest first puts the tiles in flight
 // on many more heads than L2 holds).
 #include <cuda_runtime.h>
