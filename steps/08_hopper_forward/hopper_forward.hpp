@@ -23,6 +23,9 @@
 //                instructions a step.
 //   v8_short_chains  at d = 128, each row's maximum and sum over four running partials, not
 //                one: the softmax's dependency chains a quarter as long.
+//   v9_three_consumers  at d = 64, three consumer warpgroups (192 query rows a tile), not two: a
+//                third stream of products for the tensor cores while two consumers do softmax;
+//                and, there, a walk that deals single tiles, not pairs (finer shares of the grid).
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -35,7 +38,8 @@
 
 namespace fl::hopper {
 
-enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains };
+enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
+                     V9ThreeConsumers };
 
 struct VersionInfo {
   Version version;
@@ -62,16 +66,22 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V8ShortChains, "08_hopper_forward/v8_short_chains",
      "v7 + at d = 128, each row's maximum and sum over four running partials instead of one (dependency "
      "chains of 8, not 32)"},
+    {Version::V9ThreeConsumers, "08_hopper_forward/v9_three_consumers",
+     "v8 + at d = 64, three consumer warpgroups of 64 rows (192 a tile) instead of two, registers split "
+     "32/160, and a walk of single tiles: a third consumer's products run while two do their softmax"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V8ShortChains) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
-// The newest version, the rung's fastest (chapter 08's tables): the forward rung 09 pairs with and
-// rung 11's steps run. A new version moves every one of them by being added last.
+static_assert(int(Version::V9ThreeConsumers) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+// The newest version, the rung's fastest on most of the grid (chapter 08's numbers say where it
+// is not): the forward rung 09 pairs with and rung 11's steps run. A new version moves every one of them by being added last.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
-// two consumer warpgroups of 64 rows each, 128 keys.
-constexpr tensor_core_mma::Tiling tiling(Version, int64_t) { return {128, 128, 8, 1}; }
+// consumer warpgroups of 64 rows each, two (three in v9 at d = 64), 128 keys.
+constexpr tensor_core_mma::Tiling tiling(Version v, int64_t d) {
+  if (v >= Version::V9ThreeConsumers && d == 64) return {192, 128, 12, 1};
+  return {128, 128, 8, 1};
+}
 
 inline Capabilities capabilities() {
   Capabilities c;
