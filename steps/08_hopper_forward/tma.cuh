@@ -87,10 +87,6 @@ __device__ inline void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
 __device__ inline void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-// `count` arrivals at once (sm_90), as if that many threads had arrived.
-__device__ inline void mbar_arrive(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 // Returns once the barrier has completed the phase of parity `parity` (0, 1, 0, ... for its 1st,
 // 2nd, 3rd completion).
 __device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
