@@ -463,7 +463,7 @@ fi
 
 if [[ -x $BUILD/bench/ladder && -f $BUILD/capi/libflash_ladder.so ]]; then
   for tool in memcheck racecheck initcheck; do
-    case $tool in memcheck) limit=120 ;; racecheck) limit=150 ;; *) limit=90 ;; esac
+    case $tool in memcheck) limit=120 ;; racecheck) limit=220 ;; *) limit=90 ;; esac
     stage "$tool" "$limit" sanitize "$tool"
     # The sanitizer's own count, so the summary says whether it found something or failed to run.
     if [[ -f $TMP/sanitize_$tool.log ]]; then
