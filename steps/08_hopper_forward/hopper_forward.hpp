@@ -26,9 +26,6 @@
 //   v9_three_consumers  at d = 64, three consumer warpgroups (192 query rows a tile), not two: a
 //                third stream of products for the tensor cores while two consumers do softmax;
 //                and, there, a walk that deals single tiles, not pairs (finer shares of the grid).
-//   v10_own_limits  each consumer warpgroup walks the key blocks its own 64 rows see, not the
-//                tile's: under the causal mask the upper slices stop before the diagonal's last
-//                block, and a slice past Nq does nothing.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -42,7 +39,7 @@
 namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
-                     V9ThreeConsumers, V10OwnLimits };
+                     V9ThreeConsumers };
 
 struct VersionInfo {
   Version version;
@@ -72,12 +69,9 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V9ThreeConsumers, "08_hopper_forward/v9_three_consumers",
      "v8 + at d = 64, three consumer warpgroups of 64 rows (192 a tile) instead of two, registers split "
      "32/160, and a walk of single tiles: a third consumer's products run while two do their softmax"},
-    {Version::V10OwnLimits, "08_hopper_forward/v10_own_limits",
-     "v9 + each consumer warpgroup stops at its own rows' last key (the causal diagonal, the end of Nq), "
-     "not the tile's, and releases the blocks it skips itself"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V10OwnLimits) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V9ThreeConsumers) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest on most of the grid (chapter 08's numbers say where it
 // is not): the forward rung 09 pairs with and rung 11's steps run. A new version moves every one of them by being added last.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
