@@ -15,9 +15,9 @@
 // threads); the registers are split 32 for the producer and 160 for each consumer (128·32 +
 // 384·160 = 65536, the SM's whole file), which a d = 64 consumer needs no more than (ptxas: no
 // spill). At d = 128 the version is v8: a consumer there holds S's 64 and O's 64 fp32
-// accumulators a thread and P's 32 registers before any address or softmax state, more than the
-// 160 that three consumers would leave it. The empty barriers count one arrival per consumer, as
-// before, now three.
+// accumulators a thread and P's 32 registers, already the 160 that three consumers would leave
+// it, before any address or softmax state. The `empty` barriers and `qempty` count one arrival
+// per consumer, as before, now three.
 //
 // And the walk: v5-v8 hand each block pairs of tiles (a long and a short one under the causal
 // mask), which at 192 rows is too coarse a share. At 4 × 16 × 4096 there are 704 pairs of 192-row
@@ -25,7 +25,7 @@
 // (Nsight Compute, without this change: the SMs active 84 % of the time against v8's 93 %, while
 // each active SM ran 7 % faster than v8's). So at d = 64 the unit is one tile, dealt in a snake,
 // and under the causal mask the longest tiles of every head come first (`tile_at`). At d = 128
-// the walk stays v8's: dealt this way its 128-row tiles ran 0.67–0.98× v8 (run 58; not
+// the walk stays v8's: dealt this way its 128-row tiles ran 0.67–1.00× v8 (run 58; not
 // profiled: the likely cause under the causal mask is that longest first puts the tiles in flight
 // on many more heads than L2 holds).
 #include <cuda_runtime.h>
@@ -53,7 +53,7 @@ constexpr Version kVersion = Version::V9ThreeConsumers;
 template <int D>
 struct Cfg {
   static constexpr Tiling kTiling = tiling(kVersion, D);
-  static constexpr int BR = kTiling.rows, BC = kTiling.keys;  // 128 query rows, 128 keys
+  static constexpr int BR = kTiling.rows, BC = kTiling.keys;  // 128 query rows (192 at d = 64), 128 keys
   static constexpr int kConsumers = BR / 64, kThreads = 128 * (kConsumers + 1);  // + the producer
   // 128·40 + 256·232 ≤ 64K registers with two consumers; 128·32 + 384·160 = 64K with three.
   static constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32, kConsumerRegs = kConsumers == 2 ? 232 : 160;
@@ -260,7 +260,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
 
     // The online softmax on the accumulators, rung 06's, on this thread's two rows. At d = 128 each
     // row's maximum and sum run over four partials (element i of half n is row h = (i/2) % 2's
-    // score number 16n + 2(i/4) + i%2; its partial is that % 4); at d = 64 as in v7 (the header
+    // score number 16n + 2(i/4) + i%2; its partial is that % 4); at d = 64 as in v7 (v8's header
     // says why).
     float alpha[2];
     if constexpr (D == 128) {
@@ -388,8 +388,8 @@ struct Launch {
     // tiles at d = 128, a tile at d = 64) where there are fewer.
     const int64_t tiles = ceil_div<int64_t>(s.seq_q, C::BR), units = (C::kConsumers == 2 ? (tiles + 1) / 2 : tiles) * s.batch * s.heads;
     if (units > INT32_MAX / 4)  // the walk counts tiles in an int
-      throw InputError("rung 08_hopper_forward/v9_three_consumers (cuda): ceil(Nq / " + std::to_string(C::BR) +
-                       ") * batch * heads must be below 2^29");
+      throw InputError("rung 08_hopper_forward/v9_three_consumers (cuda): ceil(Nq / " +
+                       std::to_string(C::kConsumers == 2 ? 2 * C::BR : C::BR) + ") * batch * heads must be below 2^29");
     const int sms = gpu::sm_count();
     const unsigned grid = unsigned(std::min<int64_t>(units, sms));
     wgmma_kernel<T, D><<<grid, C::kThreads, C::kSmemBytes, as_stream(a.stream)>>>(
