@@ -911,11 +911,8 @@ void list_rungs(std::ostream& os) {
 #endif
 #ifdef FLASH_LADDER_HAS_NCCL
   g.add({"11_ring_attention/v2_nccl", "cuda", "a rank a GPU, the shards over NCCL, set up on every call"});
-  for (const std::string& v : ring::nccl_ring_versions())
-    g.add({"11_ring_attention/" + v, "cuda",
-           v == "v3_kept"      ? "v2 with the rank kept across calls (opened once)"
-           : v == "v4_overlap" ? "v3 with the transfer on its own stream, under the step"
-                               : "v4 with the backward on the GPUs (what --ring P --device cuda runs)"});
+  for (const ring::NcclRingVersion& v : ring::kNcclRingVersions)
+    g.add({std::string("11_ring_attention/") + v.name, "cuda", v.idea});
 #else
   g.add({"11_ring_attention/v2_nccl .. v5_backward", "-", "not in this build: CMake found no NCCL"});
 #endif

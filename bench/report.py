@@ -1063,7 +1063,7 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
         if rung is None:  # README's gpu-table: the ladder in one table
             return {"ladder": "", "bench": "",
                     "torch": ladder_summary_part(trows) if torch_doc is not None else None}
-        if rung == "results":  # docs/results.md: every rung, every shape
+        if rung == "results":  # docs/results.md: the ladder's runs beside PyTorch
             return {"ladder": ladder_part(runs, None) if ladder_doc is not None else None,
                     "bench": None,
                     "torch": torch_summary_part(trows) if torch_doc is not None else None}

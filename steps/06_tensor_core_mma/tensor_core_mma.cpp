@@ -83,8 +83,8 @@ void gpu_forward(Version v, const AttentionShape& s, DType t, const ForwardArgs&
   r->forward(s, t, a);
 }
 
-// One twin per version (they differ only in the rows and keys per block, which the IO count follows), so
-// every version's GPU rung is checked against a twin of the same name.
+// One twin per version (they differ only in the rows and keys per block, which the IO count
+// follows), so every version's GPU rung is checked against a twin of the same name.
 static const struct RegisterTwins {
   RegisterTwins() {
     for (const VersionInfo& v : kVersions) Registry::instance().add(std::make_unique<TensorCoreRung<Backend::Cpu>>(v.version));

@@ -8,9 +8,10 @@
 // layout of P·V: it is rounded to 16 bits and fed straight back, never touching shared memory.
 //
 // This first version keeps everything else plain: fragments are gathered from shared memory with
-// 32-bit loads (16-bit for V's, whose pairs sit in two rows), one register at a time (mma::a_elem, b_elem say which elements a lane holds),
-// every K/V block is copied in and then computed on, and shared-memory rows are padded by 16
-// bytes so that the 8 rows of a fragment do not fall into the same banks.
+// 32-bit loads (16-bit for V's, whose pairs sit in two rows), one register at a time
+// (mma::a_elem, b_elem say which elements a lane holds), every K/V block is copied in and then
+// computed on, and shared-memory rows are padded by 16 bytes so that the 8 rows of a fragment do
+// not fall into the same banks.
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -2,10 +2,10 @@
 //
 // What changed from v1: a fragment was four (A) or two (B) 32-bit shared-memory loads per lane,
 // each with its own address, and a pair of V's B fragments was eight 16-bit loads (a B pair of V
-// sits in two rows). ldmatrix.x4 fills four 8×8 pieces for the whole warp in one instruction: each lane gives
-// one row address and gets, in return, exactly the elements the mma fragment layout wants it to
-// hold. Its .trans form hands the pieces out transposed, which turns V's rows into the columns B
-// needs on the way. Three load helpers change; the kernel does not.
+// sits in two rows). ldmatrix.x4 fills four 8×8 pieces for the whole warp in one instruction:
+// each lane gives one row address and gets, in return, exactly the elements the mma fragment
+// layout wants it to hold. Its .trans form hands the pieces out transposed, which turns V's rows
+// into the columns B needs on the way. Three load helpers change; the kernel does not.
 #include <cuda_runtime.h>
 
 #include <cmath>

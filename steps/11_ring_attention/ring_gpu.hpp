@@ -72,9 +72,22 @@ class NcclRank {
                         const void* dout, void* dq, void* dk, void* dv);
 };
 
-// The versions that keep a rank, in the ladder's order; the last is the default.
+// The versions that keep a rank, in the ladder's order, each with its idea; the last is the default.
+struct NcclRingVersion {
+  const char* name;
+  const char* idea;
+};
+inline constexpr NcclRingVersion kNcclRingVersions[] = {
+    {"v3_kept", "v2 with the rank kept across calls (opened once)"},
+    {"v4_overlap", "v3 with the transfer on its own stream, under the step"},
+    {"v5_backward", "v4 with the backward on the GPUs (what --ring P --device cuda runs)"},
+};
 inline const std::vector<std::string>& nccl_ring_versions() {
-  static const std::vector<std::string> v = {"v3_kept", "v4_overlap", "v5_backward"};
+  static const std::vector<std::string> v = [] {
+    std::vector<std::string> names;
+    for (const NcclRingVersion& r : kNcclRingVersions) names.push_back(r.name);
+    return names;
+  }();
   return v;
 }
 // Opens `version` ("" for the last) on this rank: comm and stream as for nccl_ring_forward. Throws
