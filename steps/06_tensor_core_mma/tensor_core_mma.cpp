@@ -26,8 +26,8 @@ void twin(const AttentionShape& s, const ForwardArgs& a, IoCounter& io, Tiling t
   for (int64_t b = 0; b < s.batch; ++b)
     for (int64_t h = 0; h < s.heads; ++h) {
       const int64_t q0 = s.q_row0(b, h), k0 = s.kv_row0(b, h);
-      for (int64_t i0 = 0; i0 < s.seq_q; i0 += block_rows) {
-        const int64_t br = std::min(block_rows, s.seq_q - i0);
+      for (int64_t b0 = tile.first_row(s.seq_q); b0 < s.seq_q; b0 += block_rows) {
+        const int64_t i0 = std::max<int64_t>(b0, 0), br = std::min(b0 + block_rows, s.seq_q) - i0;
         const Block Qi = Q.load_rows(q0 + i0, br);  // 16-bit values, exact in fp32
         Block acc = Block::Zero(br, d);
         std::vector<online_softmax::RowState> st(br);
@@ -62,8 +62,9 @@ IoModel io_model(const AttentionShape& s, DType t, Tiling tile) {
   const int64_t block_rows = tile.rows, kBc = tile.keys;
   const double d = double(s.head_dim), e = double(dtype_bytes(t));
   double read = double(s.seq_q) * d * e, written = double(s.seq_q) * (d * e + 4);  // Q; O, lse
-  for (int64_t i0 = 0; i0 < s.seq_q; i0 += block_rows) {
-    const int64_t end = fa2::visible_key_end(s, i0, std::min(block_rows, s.seq_q - i0));
+  for (int64_t b0 = tile.first_row(s.seq_q); b0 < s.seq_q; b0 += block_rows) {
+    const int64_t i0 = std::max<int64_t>(b0, 0);
+    const int64_t end = fa2::visible_key_end(s, i0, std::min(b0 + block_rows, s.seq_q) - i0);
     for (int64_t j0 = 0; j0 < end; j0 += kBc) read += 2.0 * double(std::min(kBc, s.seq_k - j0)) * d * e;
   }
   const double bh = double(s.batch * s.heads);

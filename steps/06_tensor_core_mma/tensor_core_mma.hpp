@@ -34,9 +34,16 @@ namespace fl::tensor_core_mma {
 enum class Version { V1Mma, V2Ldmatrix, V3Pipeline, V4Swizzle, V5Lean, V6Tall, V7Wide, V8Hoisted, V9OneSync };
 
 // How a version cuts the work: query rows and keys per block, warps per block, 16-row mma tiles
-// per warp. The kernel is built from it and the twin follows it, so their IO counts agree.
+// per warp, and whether the row blocks are counted from the last row (from_end: the partial
+// block, if any, is the first, not the last). The kernel is built from it and the twin follows it,
+// so their IO counts agree.
 struct Tiling {
   int rows, keys, warps, m_tiles;
+  bool from_end = false;
+  // The first row of the first block (≤ 0): a block covers rows [b0, b0 + rows) ∩ [0, seq_q).
+  constexpr int64_t first_row(int64_t seq_q) const {
+    return from_end ? seq_q - (seq_q + rows - 1) / rows * rows : 0;
+  }
 };
 constexpr Tiling tiling(Version v, int64_t d) {
   // At d = 128 a 128-key block's scores do not fit beside O's accumulators in 255 registers.

@@ -26,6 +26,8 @@
 //   v9_three_consumers  at d = 64, three consumer warpgroups (192 query rows a tile), not two: a
 //                third stream of products for the tensor cores while two consumers do softmax;
 //                and, there, a walk that deals single tiles, not pairs (finer shares of the grid).
+//   v10_end_aligned  at d = 64, a head's 192-row tiles counted from its last row: the partial
+//                tile is the first one, which under the causal mask sees the fewest keys.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -39,7 +41,7 @@
 namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
-                     V9ThreeConsumers };
+                     V9ThreeConsumers, V10EndAligned };
 
 struct VersionInfo {
   Version version;
@@ -69,9 +71,12 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V9ThreeConsumers, "08_hopper_forward/v9_three_consumers",
      "v8 + at d = 64, three consumer warpgroups of 64 rows (192 a tile) instead of two, registers split "
      "32/160, and a walk of single tiles: a third consumer's products run while two do their softmax"},
+    {Version::V10EndAligned, "08_hopper_forward/v10_end_aligned",
+     "v9 + at d = 64 the 192-row tiles counted from a head's last row, so that the partial tile is the "
+     "first, which the causal mask makes the shortest"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V9ThreeConsumers) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V10EndAligned) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, on the grid as fast as the one before or faster but at d = 64, N = 1024,
 // causal (chapter 08's numbers): the forward rung 09 pairs with and rung 11's steps run. A new
 // version moves every one of them by being added last.
@@ -80,6 +85,7 @@ inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // consumer warpgroups of 64 rows each, two (three in v9 at d = 64), 128 keys.
 constexpr tensor_core_mma::Tiling tiling(Version v, int64_t d) {
+  if (v >= Version::V10EndAligned && d == 64) return {192, 128, 12, 1, true};
   if (v >= Version::V9ThreeConsumers && d == 64) return {192, 128, 12, 1};
   return {128, 128, 8, 1};
 }
