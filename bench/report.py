@@ -78,11 +78,12 @@ def dtype_key(t: str) -> int:
 
 
 def kernel_key(name: str) -> tuple:
-    """The ladder's rungs in order, then PyTorch's backends in SDPA's order."""
+    """The ladder's rungs in order, then PyTorch's backends in SDPA's order. Numbers in a name compare
+    as numbers, so that v10 comes after v9 (and is a rung's newest), not after v1."""
     peers = [p for p, _ in SDPA]
     if name.startswith("sdpa_") and name[5:] in peers:
-        return (1, peers.index(name[5:]), name)
-    return (0, 0, name)
+        return (1, peers.index(name[5:]), ())
+    return (0, 0, tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t))
 
 # A block: its begin marker, its body, its end marker, each marker alone on its line. A marker
 # quoted in prose (`<!-- results:NN_name:begin -->` inside backticks) is not alone and not a block.

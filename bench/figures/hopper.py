@@ -26,7 +26,7 @@ from figkit import DEFAULT_OUT, REPO, out_path, save
 
 RUNG = "08_hopper_forward"
 FIRST_SHOWN = 4  # versions before v4 are far below cuDNN and crowd the picture; the chapter's table has them
-COLORS = ["#fdd0a2", "#fd8d3c", "#d94801", "#7f2704", "#4a1486"]
+COLORS = ["#fdd0a2", "#fdae6b", "#fd8d3c", "#e6550d", "#a63603", "#6a51a3", "#3f007d"]  # one a version, v4 on
 
 
 def grid_run(probes):
@@ -64,7 +64,7 @@ def draw(run, out_dir):
         versions = sorted({version_of(r["name"]) for r in mine if version_of(r["name"])}, key=lambda v: v[1])
         versions = [v for v in versions if v[1] >= FIRST_SHOWN]
         shapes = sorted({r["shape"] for r in mine}, key=cell_key)
-        fig, axes = plt.subplots(len(dtypes), 1, figsize=(12, 3.6 * len(dtypes)), squeeze=False)
+        fig, axes = plt.subplots(len(dtypes), 1, figsize=(14, 3.6 * len(dtypes)), squeeze=False)
         for ax, dtype in zip(axes[:, 0], dtypes):
             ms = {(r["shape"], r["name"].split(" (")[0]): r["ms"] for r in mine if r["dtype"] == dtype}
             width = 0.8 / max(1, len(versions))
