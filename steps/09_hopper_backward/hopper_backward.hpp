@@ -24,8 +24,6 @@
 //                     the room it took gives d = 128 a second dQ staging tile and writer.
 //   v9_dk_in_flight   v8 whose step ends with dK's product still running (dQ committed before
 //                     it), under the dQ staging and the next step's start.
-//   v10_own_keys_first  v9 whose dQ product starts on the warpgroup's own keys, before the other
-//                     warpgroup's half of dSᵀ is in (a one-way wait instead of a meeting).
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -42,8 +40,7 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10OwnKeysFirst };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight };
 
 struct VersionInfo {
   Version version;
@@ -81,13 +78,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v8 + dK committed after dQ and left running across the step's end, under the dQ staging and the next "
      "step's start",
      true},
-    {Version::V10OwnKeysFirst, "09_hopper_backward/v10_own_keys_first",
-     "v9 + dQ's product first over the warpgroup's own keys, then, once the other warpgroup has stored its half "
-     "of dS^T, over those: the warpgroups no longer meet before dQ",
-     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V10OwnKeysFirst) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V9DkInFlight) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
