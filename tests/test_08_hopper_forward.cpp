@@ -45,5 +45,23 @@ TEST(Hopper, EveryVersionMatchesOracleAndTwinOnRisingLogits) {
   for (const std::string& name : version_names()) expect_rising_logits_pass(name, Backend::Cuda);
 }
 
+// v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial
+// tile is the first and starts above the head. The twin and the IO model follow the tiling, so at
+// N = 1024, causal, a head's K and V blocks are read 27 times, against v9's 32 (chapter 08, "v10:
+// the partial tile first").
+TEST(Hopper, TilesCountedFromTheEndPutThePartialTileFirst) {
+  const tensor_core_mma::Tiling v9 = hopper::tiling(hopper::Version::V9ThreeConsumers, 64),
+                                v10 = hopper::tiling(hopper::Version::V10EndAligned, 64);
+  EXPECT_EQ(v9.first_row(1024), 0);
+  EXPECT_EQ(v10.first_row(1024), -128);
+  EXPECT_EQ(v10.first_row(1152), 0);
+  EXPECT_EQ(v10.first_row(1), -191);
+  EXPECT_FALSE(hopper::tiling(hopper::Version::V10EndAligned, 128).from_end);  // d = 128: v8's tiles
+  const AttentionShape s = make_shape(1, 1, 1, 1024, 1024, 64, true);
+  const double q_bytes = 1024.0 * 64 * 2, block_bytes = 2.0 * 128 * 64 * 2;  // Q; one block of K and V
+  EXPECT_EQ((tensor_core_mma::io_model(s, DType::BF16, v9).read - q_bytes) / block_bytes, 32.0);
+  EXPECT_EQ((tensor_core_mma::io_model(s, DType::BF16, v10).read - q_bytes) / block_bytes, 27.0);
+}
+
 }  // namespace
 }  // namespace fl::testing

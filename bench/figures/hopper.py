@@ -84,7 +84,7 @@ def draw(run, out_dir):
                     fy.append(cu / fa)
             ax.plot(fx, fy, "kx", markersize=7, label="FlashAttention-2 (SDPA flash)", zorder=3)
             ax.axhline(1.0, color="black", lw=1.0, zorder=1)
-            ax.text(len(shapes) - 0.45, 1.01, "cuDNN", ha="right", va="bottom", fontsize=8)
+            ax.text(-0.55, 1.01, "cuDNN", ha="left", va="bottom", fontsize=8)
             labels = []
             for sh in shapes:
                 d, n, causal = cell_key(sh)

@@ -3,9 +3,9 @@
 //
 // Why: 192 rows divide few sequence lengths, so one tile of each head is partial. v9 counts tiles
 // from row 0, so the partial tile is the last, and under the causal mask the last rows see every
-// key: at N = 1024 the last tile has 64 real rows of 192 and walks all 8 key blocks, and that
-// tile alone is two thirds of what v9 multiplies beyond v8 (6144 row-blocks of 128 keys against
-// v8's 4608, for the 4096 the mask needs). Counted from the last row, the partial tile is the first
+// key: at N = 1024 the last tile has 64 real rows of 192 and walks all 8 key blocks, and its two
+// slices past Nq are two thirds of what v9 multiplies beyond v8 (6144 row-blocks of 128 keys
+// against v8's 4608, for the 4096 the mask needs). Counted from the last row, the partial tile is the first
 // (rows −128 .. 63 at N = 1024), and the first rows see the fewest keys: it walks one block.
 //
 // What changed: tile m starts at row Nq − 192·(n − m) (`tile_at`, `kFromEnd`; `Tiling::from_end`,
