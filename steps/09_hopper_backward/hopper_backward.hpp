@@ -24,6 +24,8 @@
 //                     the room it took gives d = 128 a second dQ staging tile and writer.
 //   v9_dk_in_flight   v8 whose step ends with dK's product still running (dQ committed before
 //                     it), under the dQ staging and the next step's start.
+//   v10_three_tiles   v9 with three dQ staging tiles and writers at d = 64: the warps that multiply
+//                     run a step further ahead of the deterministic mode's turns.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -40,7 +42,8 @@
 
 namespace fl::hopper_backward {
 
-enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight };
+enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
+                     V10ThreeTiles };
 
 struct VersionInfo {
   Version version;
@@ -78,9 +81,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v8 + dK committed after dQ and left running across the step's end, under the dQ staging and the next "
      "step's start",
      true},
+    {Version::V10ThreeTiles, "09_hopper_backward/v10_three_tiles",
+     "v9 + three dQ staging tiles and writer warps at d = 64 (two at d = 128, where shared memory has no room): "
+     "the warps that multiply run a step further ahead of the deterministic mode's turns",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V9DkInFlight) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V10ThreeTiles) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
