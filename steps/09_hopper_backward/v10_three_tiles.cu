@@ -3,15 +3,15 @@
 //
 // Why: in the deterministic mode a writer adds a step's dQ share only in its turn, after the K/V
 // blocks before it in the fixed order have added theirs; meanwhile its staging tile stays full,
-// and the warps that multiply wait for it (`empty`) before they can stage the step after next.
-// Nsight Compute on v9 at d = 64 (bf16, 4 × 16 × 4096): that wait holds 8 % of the warps' samples
-// in the mode against 2 % in the default, most of the mode's extra time. A third tile lets the
-// multiplying warps run a step further ahead of the turns. At d = 64 shared memory has room (a
-// tile is 17 KB, the block used 116 KB of 227); at d = 128 it has not (34 KB a tile, 15 KB free), so
-// d = 128 keeps two.
+// and the warps that multiply wait for it (`empty`) before they can stage into it again.
+// Nsight Compute on v9 at d = 64 (bf16, 4 × 16 × 4096): that wait holds 8 % of the kernel's
+// samples in the mode against 2 % in the default, about half of the mode's extra time. A third
+// tile lets the multiplying warps run a step further ahead of the turns. At d = 64 shared memory
+// has room (a tile is 17 KB; the block used 116 KB of 227, now 133); at d = 128 it has not (33 KB
+// a tile, 15 KB free), so d = 128 keeps two.
 //
-// What changed: kStages (and so kWriters) is 3 at d = 64. Writer w takes steps w, w + 3, ... and
-// tile w; every index and barrier phase already follows kStages.
+// What changed: kStages (and so kWriters) is 3 at d = 64, where writer w takes steps w, w + 3, ...
+// and tile w; every index and barrier phase already follows kStages.
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
