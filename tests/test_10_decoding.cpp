@@ -490,13 +490,14 @@ TEST(DecodingGpu, EachSequenceGetsTheBitsItGetsAlone) {
   FOR_EACH_KERNEL(k) { expect_each_sequence_gets_its_bits_alone(&k, k.paged ? 16 : 0); }
 }
 
-// Each version changes how keys are found, not what is computed with them: on a contiguous cache
-// every version gives v1's bits.
+// Each version changes how keys are found or where the pieces merge, not what is computed with
+// them: on a contiguous cache every version gives v1's bits, at one piece, the chosen number, and
+// 2, 16 and 17 (v3's smallest and largest cluster, and one past it, where it merges as v2).
 TEST(DecodingGpu, VersionsGiveV1sBitsOnAContiguousCache) {
   FOR_EACH_KERNEL(k) {
     const decoding::Kernel& v1 = decoding::kernels().front();
     const Problem p = make_problem(8, 2, 4, 128, true, {777, 5000, 64}, DType::BF16, base_seed() + 1400);
-    for (int splits : {1, 0})
+    for (int splits : {1, 0, 2, 16, 17})
       EXPECT_TRUE(same_bits(run(p, 0, splits, &v1), run(p, 0, splits, &k))) << k.name << " splits=" << splits;
   }
 }
