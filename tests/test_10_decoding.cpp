@@ -490,9 +490,9 @@ TEST(DecodingGpu, EachSequenceGetsTheBitsItGetsAlone) {
   FOR_EACH_KERNEL(k) { expect_each_sequence_gets_its_bits_alone(&k, k.paged ? 16 : 0); }
 }
 
-// Each version changes how keys are found or where the pieces merge, not what is computed with
-// them: on a contiguous cache every version gives v1's bits, at one piece, the chosen number, and
-// 2, 16 and 17 (v3's smallest and largest cluster, and one past it, where it merges as v2).
+// Each version changes how keys are found, not what is computed with them: on a contiguous cache
+// every version gives v1's bits, at one piece, the chosen number, and 2, 16 and 17 (the merge's
+// chunk of 16 pieces, and one past it).
 TEST(DecodingGpu, VersionsGiveV1sBitsOnAContiguousCache) {
   FOR_EACH_KERNEL(k) {
     const decoding::Kernel& v1 = decoding::kernels().front();

@@ -9,7 +9,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -96,50 +95,18 @@ __device__ inline void allow_dependent_launch() {
 #endif
 }
 
-// Hopper's thread-block clusters (v3 on): blocks of one cluster run at once on neighbouring SMs
-// and can read each other's shared memory. cluster_sync is a barrier of all the cluster's threads
-// whose writes before it are visible to every block of the cluster after it; cluster_address maps
-// an address of this block's shared memory to the same place in block `rank`'s, and ld_cluster
-// reads there. Never called on a GPU before sm_90: launch_in_clusters launches nothing there.
-__device__ inline void cluster_sync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#else
-  __trap();
-#endif
-}
-__device__ inline uint32_t cluster_address(uint32_t smem, int rank) {
-  uint32_t at = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(at) : "r"(smem), "r"(rank));
-#endif
-  return at;
-}
-__device__ inline float ld_cluster(uint32_t at) {
-  float x = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(x) : "r"(at) : "memory");
-#endif
-  return x;
-}
-__device__ inline float4 ld_cluster4(uint32_t at) {
-  float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(x.x), "=f"(x.y), "=f"(x.z), "=f"(x.w)
-               : "r"(at)
-               : "memory");
-#endif
-  return x;
-}
+// Packed row r of (sequence b, KV head kvh), of a sequence of len keys, by a group of D/4 lanes
+// (lane threadIdx.x % (D/4)); a group past the last row (r ≥ R) stores nothing. The pieces'
+// outputs are read through L2 (ld.global.cg): the grid before wrote them on other SMs.
+template <class T, int D>
+__device__ __forceinline__ void merge_row(const float* __restrict__ opart, const float* __restrict__ lpart, int64_t len,
+                                          T* __restrict__ o, float* __restrict__ lse, const Params p, int b, int kvh,
+                                          int r) {
+  if (r >= p.rows) return;
+  const int c = 4 * (int(threadIdx.x) % (D / 4));
+  const int pieces = p.pieces(len);
+  const int64_t row0 = p.part_row0(b, kvh, 0) + r;  // piece i's row of this packed row: row0 + i·R
 
-// Folds the pieces 0 .. pieces−1 of one packed row and stores the row: O (4 columns a lane, from
-// column c) at o_row, and its lse at *lse_row (lane c = 0). piece(i, lse_i, o_i) loads piece i's
-// lse_p and this lane's 4 columns of its O_p row; where they come from is the caller's business
-// (the workspace for merge_row, a cluster's shared memory from v3 on), the arithmetic is one.
-template <class T, int D, class Piece>
-__device__ __forceinline__ void fold_pieces(int pieces, Piece piece, int c, T* __restrict__ o_row,
-                                            float* __restrict__ lse_row) {
   float m = -INFINITY, l = 0.f;  // the running maximum of the lse_p and the sum of exp(lse_p − m)
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int i0 = 0; i0 < pieces; i0 += kMergeChunk) {
@@ -147,8 +114,10 @@ __device__ __forceinline__ void fold_pieces(int pieces, Piece piece, int c, T* _
     float4 x[kMergeChunk];
 #pragma unroll
     for (int j = 0; j < kMergeChunk; ++j) {
-      ls[j] = -INFINITY, x[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (i0 + j < pieces) piece(i0 + j, ls[j], x[j]);
+      const bool in = i0 + j < pieces;
+      const int64_t row = row0 + int64_t(i0 + j) * p.rows;
+      ls[j] = in ? __ldcg(lpart + row) : -INFINITY;
+      x[j] = in ? __ldcg(reinterpret_cast<const float4*>(opart + row * D + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float mx = m;
 #pragma unroll
@@ -164,31 +133,11 @@ __device__ __forceinline__ void fold_pieces(int pieces, Piece piece, int c, T* _
     m = mx;
   }
   const float inv = l > 0.f ? 1.f / l : 0.f;
-  uint32_t* out = reinterpret_cast<uint32_t*>(o_row + c);
+  const int64_t q = p.q_row0(b, kvh) + r;
+  uint32_t* out = reinterpret_cast<uint32_t*>(o + q * D + c);
   out[0] = fl::mma::pack<T>(acc.x * inv, acc.y * inv);
   out[1] = fl::mma::pack<T>(acc.z * inv, acc.w * inv);
-  if (c == 0) *lse_row = l > 0.f ? m + logf(l) : -INFINITY;
-}
-
-// Packed row r of (sequence b, KV head kvh), of a sequence of len keys, by a group of D/4 lanes
-// (lane threadIdx.x % (D/4)); a group past the last row (r ≥ R) stores nothing. The pieces'
-// outputs are read through L2 (ld.global.cg): the grid before wrote them on other SMs.
-template <class T, int D>
-__device__ __forceinline__ void merge_row(const float* __restrict__ opart, const float* __restrict__ lpart, int64_t len,
-                                          T* __restrict__ o, float* __restrict__ lse, const Params p, int b, int kvh,
-                                          int r) {
-  if (r >= p.rows) return;
-  const int c = 4 * (int(threadIdx.x) % (D / 4));
-  const int64_t row0 = p.part_row0(b, kvh, 0) + r;  // piece i's row of this packed row: row0 + i·R
-  const int64_t q = p.q_row0(b, kvh) + r;
-  fold_pieces<T, D>(
-      p.pieces(len),
-      [&](int i, float& ls, float4& x) {
-        const int64_t row = row0 + int64_t(i) * p.rows;
-        ls = __ldcg(lpart + row);
-        x = __ldcg(reinterpret_cast<const float4*>(opart + row * D + c));
-      },
-      c, o + q * D, lse + q);
+  if (c == 0) lse[q] = l > 0.f ? m + logf(l) : -INFINITY;
 }
 
 template <class T, int D>
@@ -202,9 +151,8 @@ merge_kernel(const float* __restrict__ opart, const float* __restrict__ lpart, c
 
 // ---- the launch --------------------------------------------------------------------------------
 
-// Whether the current device is sm_90 or later: it can launch a grid before the one it depends on
-// has finished, and it has thread-block clusters.
-inline bool is_sm90_or_later() {
+// Whether the current device can launch a grid before the one it depends on has finished (sm_90 on).
+inline bool has_dependent_launch() {
   int device = 0, major = 0;
   FL_CUDA_CHECK(cudaGetDevice(&device));
   FL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -241,56 +189,10 @@ void launch(SplitKernel<T, D> kernel, std::size_t smem, const DecodeShape& s, co
     cudaLaunchAttribute overlap[1] = {};
     overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     overlap[0].val.programmaticStreamSerializationAllowed = 1;
-    if (is_sm90_or_later()) config.attrs = overlap, config.numAttrs = 1;
+    if (has_dependent_launch()) config.attrs = overlap, config.numAttrs = 1;
     FL_CUDA_CHECK(cudaLaunchKernelEx(&config, merge_kernel<T, D>, static_cast<const float*>(opart),
                                      static_cast<const float*>(lpart), a.kv_len, static_cast<T*>(a.o), a.lse, p));
   }
-}
-
-// The largest cluster launch_in_clusters asks for: 16 blocks, the H100's most (beyond the 8 every
-// sm_90 GPU guarantees, so it asks for non-portable sizes), and the most pieces fold_pieces takes
-// in one chunk.
-inline constexpr int kMaxClusterPieces = 16;
-
-// The split pass (v3 on) as clusters of a.splits blocks along x: the pieces of one (sequence, KV
-// head, row tile) in one cluster, which merges them in its shared memory (no workspace round trip,
-// no merge grid). A cluster's blocks must all run on one GPC (a group of 16 to 18 SMs on an H100),
-// and where an SM may hold two blocks the GPU may put two of a cluster on one SM while other SMs
-// idle: a stream of bytes then runs at half speed on those SMs. So each block asks for more than
-// half an SM's shared memory (one block an SM), and clusters are used only when every cluster of
-// the call fits on the GPU at once. Returns false, having launched nothing, where that cannot
-// run: one piece, more than kMaxClusterPieces, a GPU before sm_90, or more clusters than it holds
-// at once; the caller then launches the split pass and the merge grid.
-template <class T, int D>
-bool launch_in_clusters(SplitKernel<T, D> kernel, std::size_t smem, const DecodeShape& s, const DecodeArgs& a) {
-  if (a.splits < 2 || a.splits > kMaxClusterPieces || !is_sm90_or_later()) return false;
-  const Params p(s, a.splits);
-  int device = 0, per_sm = 0, per_block = 0;
-  FL_CUDA_CHECK(cudaGetDevice(&device));
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-  FL_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const std::size_t alone = std::max(smem, std::size_t(per_sm / 2));  // two such blocks do not fit an SM
-  if (alone > std::size_t(per_block)) return false;
-  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(alone)));
-  FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(a.splits), unsigned(s.kv_heads * p.row_tiles), unsigned(s.batch));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = alone;
-  config.stream = as_stream(a.stream);
-  cudaLaunchAttribute cluster[1] = {};
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = unsigned(a.splits);
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = 1;
-  config.attrs = cluster, config.numAttrs = 1;
-  int fit = 0;  // clusters of this size and shared memory that the GPU holds at once
-  FL_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));
-  if (int64_t(fit) < int64_t(config.gridDim.y) * config.gridDim.z) return false;
-  FL_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<const T*>(a.q), static_cast<const T*>(a.k),
-                                   static_cast<const T*>(a.v), a.page_table, a.kv_len, static_cast<T*>(a.o), a.lse,
-                                   static_cast<float*>(nullptr), static_cast<float*>(nullptr), p));
-  return true;
 }
 
 // Whether a block of the current device may have `bytes` of dynamic shared memory.
