@@ -26,8 +26,6 @@
 //                     it), under the dQ staging and the next step's start.
 //   v10_three_tiles   v9 with three dQ staging tiles and writers at d = 64: the warps that multiply
 //                     run a step further ahead of the deterministic mode's turns.
-//   v11_relaxed_polls v10 whose writers poll the turn counter with relaxed reads and acquire once,
-//                     when the turn has come, instead of at every read.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -45,7 +43,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11RelaxedPolls };
+                     V10ThreeTiles };
 
 struct VersionInfo {
   Version version;
@@ -87,13 +85,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v9 + three dQ staging tiles and writer warps at d = 64 (two at d = 128, where shared memory has no room): "
      "the warps that multiply run a step further ahead of the deterministic mode's turns",
      true},
-    {Version::V11RelaxedPolls, "09_hopper_backward/v11_relaxed_polls",
-     "v10 + the writers poll the turn counter with relaxed reads and acquire once, when the turn has come (no L1 "
-     "invalidation at every poll)",
-     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V11RelaxedPolls) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V10ThreeTiles) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
