@@ -1145,7 +1145,8 @@ def worker_command(args, shape: Shape | None, dtype: str, rows_out: str) -> list
            "--device", args.device, "--dtype", dtype,
            "--reps", str(args.reps), "--warmup", str(args.warmup), "--budget-s", str(args.budget_s),
            "--sustained", str(args.sustained), "--flush", args.flush,
-           "--seed", str(args.seed), "--peers", ",".join(args.peers), "--rows-out", rows_out]
+           "--seed", str(args.seed), "--peers", ",".join(args.peers), "--repeat-check", str(args.repeat_check),
+           "--rows-out", rows_out]
     if shape is None:
         cmd += ["--memory-sweep", "only", "--memory-seqs", ",".join(str(n) for n in args.memory_seqs)]
     else:
