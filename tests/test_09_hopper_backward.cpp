@@ -16,13 +16,14 @@ namespace {
 std::vector<std::string> version_names() { return rung_names("09_hopper_backward"); }
 INSTANTIATE_TEST_SUITE_P(Rung09, RungConformance, ::testing::ValuesIn(version_names()), version_label);
 
-// Ragged, causal with Nq > Nk (rows that see no key) and Nq < Nk, GQA 3:1 and 2:1, a K/V block
-// of 200 keys (one whole and one part), and more Q blocks than K/V blocks and fewer.
+// Ragged, causal with Nq > Nk (rows that see no key: at d = 64 a whole Q block of 128 of them,
+// which no K/V block adds to) and Nq < Nk, GQA 3:1 and 2:1, a K/V block of 200 keys (one whole and
+// one part), and more Q blocks than K/V blocks and fewer.
 std::vector<AttentionShape> shapes() {
   return {make_shape(1, 2, 2, 17, 17, 64, true),      make_shape(2, 3, 1, 113, 203, 64, true),
           make_shape(1, 2, 2, 203, 113, 128, true),   make_shape(1, 4, 2, 77, 300, 128, false),
           make_shape(1, 2, 1, 1000, 1000, 64, false), make_shape(1, 2, 2, 333, 333, 128, true),
-          make_shape(2, 4, 2, 390, 200, 128, true)};
+          make_shape(2, 4, 2, 390, 200, 128, true),   make_shape(1, 2, 1, 400, 150, 64, true)};
 }
 
 // The GPU tests run once per version (a ctest test each: the suite's per-test time limit holds

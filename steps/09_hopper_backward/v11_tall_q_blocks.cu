@@ -313,7 +313,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     }
     // D: at d = 128 read here, at d = 64 where dSᵀ uses it (there its 32 registers would push the
     // step past the 240 a thread has, and ptxas would serialise the wgmma: note C7512).
-    float2 dd[NH == 1 ? BR / 8 : 1];
+    float2 dd[NH == 1 ? BR / 8 : 1] = {};
     const auto d_of = [&](int n) {
       if constexpr (NH == 1) return dd[n];
       else return *reinterpret_cast<const float2*>(Db + 8 * n + 2 * t);
