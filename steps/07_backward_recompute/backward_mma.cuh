@@ -197,9 +197,8 @@ __global__ void convert_dq_kernel(const float* __restrict__ acc, T* __restrict__
 
 // The three kernels of a backward call, on the call's stream: D and dQ's zeroed accumulator, the
 // version's main kernel (threads, keys per block and shared memory from its configuration; `extra`
-// arguments after the common ones), and dQ = scale · accumulator in the dtype (unless kConvert is
-// false: rung 09's v12 converts inside its main kernel).
-template <class T, int D, bool kConvert = true, class Kernel, class... Extra>
+// arguments after the common ones), and dQ = scale · accumulator in the dtype.
+template <class T, int D, class Kernel, class... Extra>
 void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, int threads, int block_keys,
                  std::size_t smem_bytes, Extra... extra) {
   const cudaStream_t stream = as_stream(a.stream);
@@ -221,7 +220,6 @@ void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, 
       int(s.group()), s.seq_q, s.seq_k, scale * kLog2e, scale, s.causal, extra...);
   FL_CUDA_CHECK_LAUNCH();
 
-  if constexpr (!kConvert) return;
   const int64_t n8 = s.q_elems() / 8;
   const unsigned blocks = unsigned(std::min<int64_t>(ceil_div<int64_t>(n8, 256), 132 * 32));
   convert_dq_kernel<T><<<blocks, 256, 0, stream>>>(acc, static_cast<T*>(a.dq), n8, scale);

@@ -28,8 +28,6 @@
 //                     run a step further ahead of the deterministic mode's turns.
 //   v11_tall_q_blocks v10 with Q blocks of 128 rows at d = 64 (64 at d = 128): twice the products
 //                     for each step's fixed costs, and wider wgmma.
-//   v12_last_adder_converts v11 whose last K/V block to add to a Q block's rows of dQ converts
-//                     them to the input type: no pass over dQ's accumulator after the main kernel.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -47,7 +45,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks, V12LastAdderConverts };
+                     V10ThreeTiles, V11TallQBlocks };
 
 struct VersionInfo {
   Version version;
@@ -93,13 +91,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v10 + Q blocks of 128 rows at d = 64 (FlashAttention-3's step there): twice the products for each step's "
      "barriers, waits and turns, Sᵀ and dPᵀ one n128 wgmma, dQ one n64 a warpgroup; two staging tiles",
      true},
-    {Version::V12LastAdderConverts, "09_hopper_backward/v12_last_adder_converts",
-     "v11 + the last K/V block to add to a Q block's rows of dQ converts them (scale, input type) once its "
-     "additions land, counted per Q block: no third kernel reading dQ's fp32 accumulator back",
-     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V12LastAdderConverts) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V11TallQBlocks) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
