@@ -49,7 +49,7 @@ struct Cfg {
   static constexpr int kWriters = kStages;         // a writer warp per staging tile
   static constexpr int kLoader = 3;                // the warp of the writer's warpgroup that loads
   static_assert(kWriters <= kLoader, "the loader is not a writer");
-  // K, V; Q, dO twice; dSᵀ (in 64-row panels); L, D twice; dQ's staging tiles; 1 KB to align the tiles to 1024
+  // K, V; Q, dO twice; dSᵀ (in panels of 64 query rows); L, D twice; dQ's staging tiles; 1 KB to align the tiles to 1024
   // bytes; two mbarriers a staging tile and two a buffer of Q, dO, L and D.
   static constexpr std::size_t kSmemBytes = std::size_t(2 * BC * D + 4 * BR * D + BC * BR) * 2 +
                                             (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages +
@@ -117,7 +117,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   T* Vs = Ks + BC * D;                                      // [BC][D]
   T* Qs = Vs + BC * D;                                      // [2][BR][D]
   T* dOs = Qs + 2 * BR * D;                                 // [2][BR][D]
-  T* dSs = dOs + 2 * BR * D;                                // [BC][BR]  dSᵀ of the step, in 64-row panels
+  T* dSs = dOs + 2 * BR * D;                                // [BC][BR]  dSᵀ of the step, in panels of 64 query rows (columns)
   float* Ls = reinterpret_cast<float*>(dSs + BC * BR);      // [2][BR]
   float* Ds = Ls + 2 * BR;                                  // [2][BR]
   float* dQs = Ds + 2 * BR;                                 // [kStages][kTileFloats]  steps' dQ shares
