@@ -28,8 +28,6 @@
 //                     run a step further ahead of the deterministic mode's turns.
 //   v11_tall_q_blocks v10 with Q blocks of 128 rows at d = 64 (64 at d = 128): twice the products
 //                     for each step's fixed costs, and wider wgmma.
-//   v12_persistent    v11 with one thread block per SM that stays, taking K/V block after K/V
-//                     block: the next block's K and V load under this one's dK and dV stores.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -47,7 +45,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks, V12Persistent };
+                     V10ThreeTiles, V11TallQBlocks };
 
 struct VersionInfo {
   Version version;
@@ -93,13 +91,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v10 + Q blocks of 128 rows at d = 64 (FlashAttention-3's step there): twice the products for each step's "
      "barriers, waits and turns, Sᵀ and dPᵀ one n128 wgmma, dQ one n64 a warpgroup; two staging tiles",
      true},
-    {Version::V12Persistent, "09_hopper_backward/v12_persistent",
-     "v11 + one thread block per SM that stays, walking K/V blocks (causal: in pairs of equal work): the next "
-     "block's K and V load under this one's dK and dV stores, its first Q and dO under this one's last step",
-     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V12Persistent) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V11TallQBlocks) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
@@ -119,14 +113,11 @@ struct LaunchSlot {
   unsigned rank;
   uint64_t pair;
 };
-// U: the integer type of the arithmetic (a 32-bit one where the caller knows the counts fit; a
-// 64-bit division is a call on the GPU).
-template <class U = uint64_t>
-FL_HOST_DEVICE inline LaunchSlot ranks_first_slot(U at, int n_kv, U pairs, int group_heads) {
-  const U per_group = U(group_heads) * U(n_kv), first = at / per_group * U(group_heads);
-  const U size = pairs - first < U(group_heads) ? pairs - first : U(group_heads);
-  const U in = at % per_group;
-  return {unsigned(in / size), uint64_t(first + in % size)};
+FL_HOST_DEVICE inline LaunchSlot ranks_first_slot(uint64_t at, int n_kv, uint64_t pairs, int group_heads) {
+  const uint64_t per_group = uint64_t(group_heads) * n_kv, first = at / per_group * group_heads;
+  const uint64_t size = pairs - first < uint64_t(group_heads) ? pairs - first : uint64_t(group_heads);
+  const uint64_t in = at % per_group;
+  return {unsigned(in / size), first + in % size};
 }
 
 // Device memory the backward adds: rung 07's (D, then dQ's fp32 accumulator), then one 32-bit turn
