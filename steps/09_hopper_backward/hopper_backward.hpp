@@ -28,6 +28,8 @@
 //                     run a step further ahead of the deterministic mode's turns.
 //   v11_tall_q_blocks v10 with Q blocks of 128 rows at d = 64 (64 at d = 128): twice the products
 //                     for each step's fixed costs, and wider wgmma.
+//   v12_bulk_epilogue v11 whose dK and dV leave through shared memory, a row per bulk copy, not
+//                     4 bytes a thread at a time.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -45,7 +47,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks };
+                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue };
 
 struct VersionInfo {
   Version version;
@@ -91,9 +93,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v10 + Q blocks of 128 rows at d = 64 (FlashAttention-3's step there): twice the products for each step's "
      "barriers, waits and turns, Sᵀ and dPᵀ one n128 wgmma, dQ one n64 a warpgroup; two staging tiles",
      true},
+    {Version::V12BulkEpilogue, "09_hopper_backward/v12_bulk_epilogue",
+     "v11 + dK and dV written through shared memory and stored a row per bulk copy (whole sectors), not 4 bytes "
+     "a thread from the accumulators",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V11TallQBlocks) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V12BulkEpilogue) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
