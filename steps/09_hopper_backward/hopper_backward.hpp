@@ -30,6 +30,8 @@
 //                     for each step's fixed costs, and wider wgmma.
 //   v12_bulk_epilogue v11 whose dK and dV leave through shared memory, a row per bulk copy, not
 //                     4 bytes a thread at a time.
+//   v13_stmatrix      v12 whose dSᵀ goes to shared memory by stmatrix, four 8 × 8 tiles an
+//                     instruction, not a 4-byte store per pair.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -47,7 +49,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue };
+                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix };
 
 struct VersionInfo {
   Version version;
@@ -97,9 +99,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v11 + dK and dV written through shared memory and stored a row per bulk copy (whole sectors), not 4 bytes "
      "a thread from the accumulators",
      true},
+    {Version::V13Stmatrix, "09_hopper_backward/v13_stmatrix",
+     "v12 + dSᵀ stored to shared memory by stmatrix, four 8 x 8 tiles an instruction (4 a step at d = 128, 8 at "
+     "d = 64), not two 4-byte stores a tile a thread",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V12BulkEpilogue) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V13Stmatrix) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
