@@ -101,7 +101,7 @@ inline constexpr VersionInfo kVersions[] = {
      true},
     {Version::V13Stmatrix, "09_hopper_backward/v13_stmatrix",
      "v12 + dSᵀ stored to shared memory by stmatrix, four 8 x 8 tiles an instruction (4 a step at d = 128, 8 at "
-     "d = 64), not two 4-byte stores a tile a thread",
+     "d = 64), not a 4-byte store a tile a thread",
      true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }

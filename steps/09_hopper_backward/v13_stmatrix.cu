@@ -1,10 +1,10 @@
 // Rung 09, v13_stmatrix: v12 whose dSᵀ goes to shared memory four 8 × 8 tiles an instruction.
 //
-// Why: the warps that multiply wait on the MIO queue, the one shared-memory instructions go
-// through, about a cycle for every instruction they issue (Nsight Compute's "MIO throttle": 1.01
-// in v12 at 16 × 16 × 1024, d = 128; cuDNN's kernel: 0.08). The largest share of a step's
-// shared-memory instructions is dSᵀ on its way to dQ's product: two 4-byte stores per 8 × 8 tile
-// of it a thread, 16 a step at d = 128 and 32 at d = 64.
+// Why: the warps that multiply wait on the MIO queue (shared-memory instructions, and also ex2
+// and dynamic branches) about a cycle for every instruction they issue (Nsight Compute's "MIO
+// throttle": 1.01 in v12 at 16 × 16 × 1024, d = 128; cuDNN's kernel: 0.08). One of the largest
+// groups of a step's shared-memory instructions is dSᵀ on its way to dQ's product: a 4-byte
+// store per 8 × 8 tile of it a thread, 16 a step at d = 128 and 32 at d = 64.
 //
 // What changed: `stmatrix` (sm_90) stores four 8 × 8 tiles of 16-bit values from the registers of
 // a warp in one instruction: lane l holds, for each tile, the pair of row l / 4, columns
