@@ -31,15 +31,13 @@ namespace fl::tma {
 
 // ---- host: the tensor map ---------------------------------------------------------------------
 
-// A tensor map of a [slices][rows][d] array of 16-bit values (d contiguous; a slice is one head's
-// rows), boxes of box_rows × 64 values of one slice, written with the 128-byte swizzle; rows past
-// a slice's end read as zeros. cuTensorMapEncodeTiled comes from the driver through the runtime,
-// so the library needs no link to libcuda.
-inline CUtensorMap make_tensor_map(const void* base, DType t, int64_t slices, int64_t rows, int64_t d, int box_rows) {
-  using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                              const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-  static Encode encode = [] {
+// cuTensorMapEncodeTiled, fetched from the driver through the runtime once, so that the library
+// needs no link to libcuda.
+using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                            const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                            CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline Encode encoder() {
+  static const Encode encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
 #if CUDART_VERSION >= 12050
@@ -51,21 +49,35 @@ inline CUtensorMap make_tensor_map(const void* base, DType t, int64_t slices, in
       throw CudaError("cuTensorMapEncodeTiled is not in this driver (TMA needs a CUDA 12 driver and an sm_90 GPU)");
     return reinterpret_cast<Encode>(fn);
   }();
+  return encode;
+}
+
+// A tensor map of a [slices][rows][d] array (d contiguous; a slice is one head's rows) of
+// elem_bytes-byte values of type `type`, in boxes of box_rows × box_cols values of one slice;
+// rows past a slice's end read as zeros (and are left alone by stores and reductions).
+inline CUtensorMap make_map(const void* base, CUtensorMapDataType type, int64_t elem_bytes, int64_t slices, int64_t rows,
+                            int64_t d, int box_cols, int box_rows, CUtensorMapSwizzle swizzle) {
   CUtensorMap map{};
   const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(slices)};
-  const cuuint64_t strides[2] = {cuuint64_t(d) * 2, cuuint64_t(rows * d) * 2};  // bytes, dims 1 and 2
-  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+  const cuuint64_t strides[2] = {cuuint64_t(d * elem_bytes), cuuint64_t(rows * d * elem_bytes)};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {cuuint32_t(box_cols), cuuint32_t(box_rows), 1};
   const cuuint32_t step[3] = {1, 1, 1};
-  const CUresult r = encode(&map, t == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                            3, const_cast<void*>(base), dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encoder()(&map, type, 3, const_cast<void*>(base), dims, strides, box, step,
+                               CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     throw CudaError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) + " for a [" +
                     std::to_string(slices) + "][" + std::to_string(rows) + "][" + std::to_string(d) +
-                    "] tensor in boxes of " + std::to_string(box_rows) + " x 64 (TMA's limits: 2^32 - 1 "
-                    "elements a dimension, a 16-byte aligned base)");
+                    "] tensor in boxes of " + std::to_string(box_rows) + " x " + std::to_string(box_cols) +
+                    " (TMA's limits: 2^32 - 1 elements a dimension, a 16-byte aligned base)");
   return map;
+}
+
+// The 16-bit inputs (Q, K, V, dO) in boxes of box_rows × 64 values, written with the 128-byte
+// swizzle.
+inline CUtensorMap make_tensor_map(const void* base, DType t, int64_t slices, int64_t rows, int64_t d, int box_rows) {
+  return make_map(base, t == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, slices,
+                  rows, d, 64, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // ---- device: mbarriers and the copy -----------------------------------------------------------

@@ -32,6 +32,8 @@
 //                     4 bytes a thread at a time.
 //   v13_stmatrix      v12 whose dSᵀ goes to shared memory by stmatrix, four 8 × 8 tiles an
 //                     instruction, not a 4-byte store per pair.
+//   v14_tensor_adds   v13 whose writers add dQ at d = 64 by TMA tensor reductions, one a panel of
+//                     8 columns (8 a step), not a bulk reduction per pair of rows (64).
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -49,7 +51,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix };
+                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds };
 
 struct VersionInfo {
   Version version;
@@ -103,9 +105,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v12 + dSᵀ stored to shared memory by stmatrix, four 8 x 8 tiles an instruction (4 a step at d = 128, 8 at "
      "d = 64), not a 4-byte store a tile a thread",
      true},
+    {Version::V14TensorAdds, "09_hopper_backward/v14_tensor_adds",
+     "v13 + dQ added at d = 64 by TMA tensor reductions from a staging tile in panels of 8 columns, 8 a step, not "
+     "64 bulk reductions of two rows: the copy engine pays per operation, and the mode's turns wait for it",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V13Stmatrix) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V14TensorAdds) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
