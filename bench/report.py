@@ -51,7 +51,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("ladder", "bench", "torch", "memory", "io")
 # Blocks NN_name__KIND: what each KIND shows (the functions that write them are below).
 BLOCK_KINDS = ("bwd_torch", "bwd_memory", "summary", "bwd_summary", "probes", "grid_summary", "bwd_grid_summary", "decode",
-               "ring")
+               "ring", "builds")
 SDPA = [("flash", "flash"), ("cudnn", "cuDNN"), ("efficient", "mem-efficient"), ("math", "math")]
 
 # The one ratio convention of every table: speed relative to a peer, the peer's time over ours.
@@ -1026,6 +1026,34 @@ def ring_part(doc: dict) -> str:
     return "\n".join(out)
 
 
+def builds_part(doc: list, rung: str) -> str:
+    """builds.json: timings of switch builds of one version (ladder's backward time in each mode, ms) and
+    the writer's step by phase under the GPU's global timer (us), one table each a run."""
+    out = []
+    for i, b in enumerate(doc):
+        if not b.get("rows") and not b.get("phases"):
+            continue
+        out += ["Build run %s, %s (%s), on %s, %s, by `%s`." % (
+            chr(ord("a") + i), b.get("name", "?"), b.get("what", ""), b.get("device", "?"), b.get("date", "?"),
+            b.get("command", "?")), ""]
+        if b.get("rows"):
+            out += ["| shape | variant | backward, default (ms) | backward, mode (ms) |", "|---|---|---:|---:|"]
+            ms = lambda x: "-" if x is None else "%.4f" % x
+            out += ["| %s | %s | %s | %s |" % (r["shape"], r["variant"], ms(r.get("default_ms")), ms(r.get("mode_ms")))
+                    for r in b["rows"]]
+            out.append("")
+        if b.get("phases"):
+            out += ["| shape | variant | issue (us) | wait for the read (us) | wait for the landing (us) | "
+                    "fence and hand-on (us) | turn seen after the hand-on (us) | first turns, ranks 0-4 (us) |",
+                    "|---|---|---:|---:|---:|---:|---:|---|"]
+            out += ["| %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %s |" % (
+                p["shape"], p["variant"], p["issue_us"], p["wait_read_us"], p["wait_all_us"], p["hand_on_us"],
+                p["turn_seen_us"], ", ".join("%.1f" % t for t in p.get("first_turn_us", [])) or "-")
+                for p in b["phases"]]
+            out.append("")
+    return "\n".join(out).rstrip("\n")
+
+
 def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
     ladder_doc = read_json(os.path.join(results, "ladder.json"))
     bench_doc = read_json(os.path.join(results, "bench.json"))
@@ -1033,6 +1061,7 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
     io_doc = read_json(os.path.join(results, "io.json"))
     probes_doc = read_json(os.path.join(results, "probes.json"))
     ring_doc = read_json(os.path.join(results, "ring.json"))
+    builds_doc = read_json(os.path.join(results, "builds.json"))
     runs, records, trows = ladder_runs(ladder_doc), bench_records(bench_doc), torch_rows(torch_doc)
 
     def fresh_for(rung, page):
@@ -1050,6 +1079,8 @@ def run(results: str, docs_dir: str, readme: str, check: bool) -> int:
                 return {"torch": grid_summary_part(probes_doc, step) if isinstance(probes_doc, list) else None}
             if kind == "ring":
                 return {"torch": ring_part(ring_doc) if isinstance(ring_doc, dict) else None}
+            if kind == "builds":
+                return {"torch": builds_part(builds_doc, step) if isinstance(builds_doc, list) else None}
             if kind == "decode":
                 figure = os.path.join(docs_dir, "figures", "decode_bandwidth.png")
                 rel = (os.path.relpath(figure, os.path.dirname(page)).replace(os.sep, "/")
