@@ -6,8 +6,9 @@
 // instruction: no thread computes an address per 16 bytes, as every thread does for cp.async. What
 // the box is (the tensor's sizes and strides in global memory, the box's size, the swizzle it is
 // written with, what fills the part of a box that lies outside the tensor) is a 128-byte "tensor
-// map" made once on the host (make_tensor_map) and passed to the kernel as a __grid_constant__
-// parameter. With the 128-byte swizzle and a box 64 values (128 bytes) wide, a box lands in
+// map" made once on the host (make_map; make_tensor_map for the 16-bit inputs of rungs 08 and 09)
+// and passed to the kernel as a __grid_constant__ parameter. (Rung 09's v14 also makes an
+// unswizzled fp32 map of dQ's accumulator, which its writers add boxes into.) With the 128-byte swizzle and a box 64 values (128 bytes) wide, a box lands in
 // shared memory exactly as this rung's wgmma.cuh lays out a panel (panel_at), which is what wgmma
 // reads: TMA and wgmma agree on the layout without any thread touching it.
 //
@@ -52,11 +53,16 @@ inline Encode encoder() {
   return encode;
 }
 
-// A tensor map of a [slices][rows][d] array (d contiguous; a slice is one head's rows) of
-// elem_bytes-byte values of type `type`, in boxes of box_rows × box_cols values of one slice;
-// rows past a slice's end read as zeros (and are left alone by stores and reductions).
-inline CUtensorMap make_map(const void* base, CUtensorMapDataType type, int64_t elem_bytes, int64_t slices, int64_t rows,
-                            int64_t d, int box_cols, int box_rows, CUtensorMapSwizzle swizzle) {
+// A tensor map of a [slices][rows][d] array (d contiguous; a slice is one head's rows) of values
+// of type `type` (16-bit floats or fp32), in boxes of box_rows × box_cols values of one slice; rows
+// past a slice's end read as zeros (and are left alone by stores and reductions).
+inline CUtensorMap make_map(const void* base, CUtensorMapDataType type, int64_t slices, int64_t rows, int64_t d,
+                            int box_cols, int box_rows, CUtensorMapSwizzle swizzle) {
+  const int64_t elem_bytes = type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32 ? 4
+                             : type == CU_TENSOR_MAP_DATA_TYPE_FLOAT16 || type == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                 ? 2
+                                 : 0;
+  if (elem_bytes == 0) throw CudaError("make_map: only fp16, bf16 and fp32 tensor maps are made here");
   CUtensorMap map{};
   const cuuint64_t dims[3] = {cuuint64_t(d), cuuint64_t(rows), cuuint64_t(slices)};
   const cuuint64_t strides[2] = {cuuint64_t(d * elem_bytes), cuuint64_t(rows * d * elem_bytes)};  // bytes, dims 1 and 2
@@ -69,15 +75,16 @@ inline CUtensorMap make_map(const void* base, CUtensorMapDataType type, int64_t 
     throw CudaError("cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)) + " for a [" +
                     std::to_string(slices) + "][" + std::to_string(rows) + "][" + std::to_string(d) +
                     "] tensor in boxes of " + std::to_string(box_rows) + " x " + std::to_string(box_cols) +
-                    " (TMA's limits: 2^32 - 1 elements a dimension, a 16-byte aligned base)");
+                    " (TMA's limits: 2^32 - 1 elements a dimension, a 16-byte aligned base, strides a multiple "
+                    "of 16 bytes, at most 256 values a box dimension, a box row a multiple of 16 bytes)");
   return map;
 }
 
 // The 16-bit inputs (Q, K, V, dO) in boxes of box_rows × 64 values, written with the 128-byte
 // swizzle.
 inline CUtensorMap make_tensor_map(const void* base, DType t, int64_t slices, int64_t rows, int64_t d, int box_rows) {
-  return make_map(base, t == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, slices,
-                  rows, d, 64, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
+  return make_map(base, t == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, slices, rows,
+                  d, 64, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 // ---- device: mbarriers and the copy -----------------------------------------------------------

@@ -4,20 +4,20 @@
 // Why: in the deterministic mode a K/V block may add to a Q block's rows of dQ only after the
 // block before it in the order has added there and handed the turn on, so the time from one
 // block's turn to the next's is paid once for every block in the line. Timed on the GPU
-// (globaltimer, appendix), that hand-on took about 4.5 us at d = 64 and most of it, 2.7 us, was
-// the writer waiting for its 64 bulk reductions (512 bytes each) to read their 32 KB of shared
-// memory: the copy engine pays per operation, not per byte. At d = 64 a step is short enough
-// (about 3 us) that this wait also held the default mode's copy engine, which loads the next
-// step's Q and dO.
+// (globaltimer; chapter and appendix), a hand-on took about 4.6 us at d = 64, and 2.8 us of it
+// was the writer waiting for its 64 bulk reductions (512 bytes each) to read their 32 KB of
+// shared memory: the number of operations counts, not only the bytes. At d = 64 a step takes
+// about 3 us, and the same reads likely also delayed the default mode's loads of the next Q and
+// dO, which go through the same copy engine (not profiled).
 //
-// What changed, at d = 64 (`Cfg::kTensorAdds`; d = 128 keeps v13's reductions, which the same
-// change made 1-3 % slower there): dQ's accumulator is described by a tensor map of fp32 values
-// ([B·H][Nq][d], boxes of BR rows × 8 columns, no swizzle), and the staging tile is laid out the
-// way such boxes land in shared memory: eight panels of 8 columns, each BR rows of 32 bytes. A
-// writer issues one `cp.reduce.async.bulk.tensor` a panel (lane l, panel l): 8 a step in place
-// of 64, and rows past Nq are left alone by the copy engine, not by a test per pair of rows. A
-// row of a panel is 32 bytes, so the 4 rows × 32 bytes a half-warp stores at once (its float2
-// pairs) are one 128-byte line, conflict-free without v13's padding.
+// What changed, at d = 64 (`Cfg::kTensorAdds`): dQ's accumulator is described by a tensor map
+// of fp32 values ([B·H][Nq][d], boxes of BR rows × 8 columns, no swizzle), and the staging tile is
+// laid out the way such boxes lie in shared memory: eight panels of 8 columns, each BR rows of 32
+// bytes. A writer issues one `cp.reduce.async.bulk.tensor` a panel (lane l, panel l): 8 a step in
+// place of 64, and the copy engine leaves alone the rows past Nq, where v13 tested each pair of
+// rows. A row of a panel is 32 bytes, so the 4 rows × 32 bytes a half-warp stores at once (its
+// float2 pairs) are one 128-byte line, conflict-free without v13's padding. d = 128 keeps v13's
+// bulk reductions: tensor reductions measured 1-4 % slower there (3.5 % with these panels).
 //
 // On any GPU other than compute capability 9.0, or a build without sm_90a, the version is refused
 // with a message (launch.cuh); the kernel itself traps where it was compiled without sm_90a.
@@ -49,7 +49,11 @@ struct Cfg {
   // global memory too), each pair followed by 8 floats of padding, so that the four pairs among
   // the 8 rows a warp stores to at once start in four different groups of 8 banks.
   static constexpr bool kTensorAdds = D == 64;
-  static constexpr int kPanel = 8;  // columns of a panel (32 bytes: TMA's box is at least 16)
+  // Columns of a panel. 8 (32-byte rows) is the one width whose float2 stores are conflict-free:
+  // with 4 (16-byte rows) the panels sit 512 floats apart and a half-warp's stores meet two to a
+  // bank, with 16 (64-byte rows) rows g and g + 2 share banks. TMA wants the box's width in bytes a
+  // multiple of 16.
+  static constexpr int kPanel = 8;
   static constexpr int kPairLd = 2 * D + 8, kTileFloats = kTensorAdds ? BR * D : BR / 2 * kPairLd;
   __device__ static constexpr int at(int r) { return r / 2 * kPairLd + r % 2 * D; }  // row r's first float (d = 128)
   static constexpr int kStages = 2;  // staging tiles: no room for a third at either head dim
@@ -62,8 +66,9 @@ struct Cfg {
                                             (4 * BR + kStages * kTileFloats) * sizeof(float) + 1024 + 16 * kStages +
                                             16 * 2;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an SM gives a block");
-  static_assert(((2 * BC * D + 4 * BR * D + BC * BR) * 2 + 4 * BR * 4) % 128 == 0 && kTileFloats * 4 % 128 == 0,
-                "TMA reads the staging tiles from 128-byte aligned addresses");
+  static_assert(((2 * BC * D + 4 * BR * D + BC * BR) * 2 + 4 * BR * 4) % 128 == 0 && kTileFloats * 4 % 128 == 0 &&
+                    BR * kPanel * 4 % 128 == 0,
+                "TMA reads the staging tiles' panels from 128-byte aligned addresses");
   // dK and dV on their way out: BC rows each of D values and 16 bytes of padding, where K, V, Q and
   // dO were.
   static constexpr int kOutRow = 2 * D + 16;
@@ -157,9 +162,9 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   T* dSs = dOs + 2 * BR * D;                                // [BC][BR]  dSᵀ of the step, in panels of 64 query rows (columns)
   float* Ls = reinterpret_cast<float*>(dSs + BC * BR);      // [2][BR]
   float* Ds = Ls + 2 * BR;                                  // [2][BR]
-  float* dQs = Ds + 2 * BR;                                 // [kStages][kTileFloats]  steps' dQ shares (1024-byte aligned)
+  float* dQs = Ds + 2 * BR;                                 // [kStages][kTileFloats]  steps' dQ shares (128-byte aligned)
   // Staging tile sb's mbarriers: full(sb), every warp that multiplies has staged its share;
-  // empty(sb), the writer's bulk reductions have read it.
+  // empty(sb), the writer's bulk (at d = 64, tensor) reductions have read it.
   const uint32_t bars = smem_u32(dQs + C::kStages * C::kTileFloats);
   const auto full = [bars](int sb) { return bars + 16u * sb; };
   const auto empty = [bars](int sb) { return bars + 16u * sb + 8u; };
@@ -507,7 +512,7 @@ struct Launch {
     CUtensorMap tdq{};
     if constexpr (Cfg<D>::kTensorAdds)
       tdq = tma::make_map(static_cast<unsigned char*>(a.workspace) + backward::dq_accum_offset(s), CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-                          4, s.batch * s.heads, s.seq_q, D, Cfg<D>::kPanel, Cfg<D>::BR, CU_TENSOR_MAP_SWIZZLE_NONE);
+                          s.batch * s.heads, s.seq_q, D, Cfg<D>::kPanel, Cfg<D>::BR, CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!a.deterministic) {
       run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, false>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes,
                         turns, 1, tq, tdo, tdq);
