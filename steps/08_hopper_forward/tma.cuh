@@ -8,9 +8,10 @@
 // written with, what fills the part of a box that lies outside the tensor) is a 128-byte "tensor
 // map" made once on the host (make_map; make_tensor_map for the 16-bit inputs of rungs 08 and 09)
 // and passed to the kernel as a __grid_constant__ parameter. (Rung 09's v14 also makes an
-// unswizzled fp32 map of dQ's accumulator, which its writers add boxes into.) With the 128-byte swizzle and a box 64 values (128 bytes) wide, a box lands in
-// shared memory exactly as this rung's wgmma.cuh lays out a panel (panel_at), which is what wgmma
-// reads: TMA and wgmma agree on the layout without any thread touching it.
+// unswizzled fp32 map of dQ's accumulator, which its writers add boxes into.) With the 128-byte
+// swizzle and a box 64 values (128 bytes) wide, a box lands in shared memory exactly as this
+// rung's wgmma.cuh lays out a panel (panel_at), which is what wgmma reads: TMA and wgmma agree on
+// the layout without any thread touching it.
 //
 // A copy completes on an mbarrier, a 64-bit object in shared memory: one thread announces how many
 // bytes are coming (arrive_expect_tx), the copies count them down as they land, and the barrier's
