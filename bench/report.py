@@ -1027,11 +1027,11 @@ def ring_part(doc: dict) -> str:
 
 
 def builds_part(doc: list, rung: str) -> str:
-    """builds.json: timings of switch builds of one version (ladder's backward time in each mode, ms) and
-    the writer's step by phase under the GPU's global timer (us), one table each a run."""
+    """builds.json: the rung's timings of switch builds of one version (ladder's backward time in each mode,
+    ms) and the writer's step by phase under the GPU's global timer (us), one table each a run."""
     out = []
     for i, b in enumerate(doc):
-        if not b.get("rows") and not b.get("phases"):
+        if b.get("rung") != rung or (not b.get("rows") and not b.get("phases")):
             continue
         out += ["Build run %s, %s (%s), on %s, %s, by `%s`." % (
             chr(ord("a") + i), b.get("name", "?"), b.get("what", ""), b.get("device", "?"), b.get("date", "?"),
