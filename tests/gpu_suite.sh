@@ -44,6 +44,10 @@
 #                      cells when its time is up)
 #   FL_BUILD_DIR       build folder (default build-hopper, the hopper preset's)
 #   FL_KEEP_OBJECTS    set: keep compiled CUDA objects (ptxas.log then covers only what changed)
+#   FL_RACECHECK_S     the racecheck stage's time limit (default 220 s; racecheck runs every GPU
+#                      kernel at a fraction of its speed, and with rung 09's fourteen versions a full
+#                      pass takes longer than that: give it a call of its own, FL_STAGES=racecheck
+#                      and FL_RACECHECK_S=500, when the default stops it)
 #   FL_STAGES          comma list of the stages to run (default: all). Configure and build always
 #                      run; a 10-minute device call can take "ctest,memcheck,racecheck,initcheck,
 #                      ladder" and a second one "bench,torch,io,decode" on the same build.
@@ -469,7 +473,7 @@ fi
 
 if [[ -x $BUILD/bench/ladder && -f $BUILD/capi/libflash_ladder.so ]]; then
   for tool in memcheck racecheck initcheck; do
-    case $tool in memcheck) limit=120 ;; racecheck) limit=220 ;; *) limit=90 ;; esac
+    case $tool in memcheck) limit=120 ;; racecheck) limit=${FL_RACECHECK_S:-220} ;; *) limit=90 ;; esac
     stage "$tool" "$limit" sanitize "$tool"
     # The sanitizer's own count, so the summary says whether it found something or failed to run.
     if [[ -f $TMP/sanitize_$tool.log ]]; then
