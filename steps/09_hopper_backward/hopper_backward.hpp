@@ -34,8 +34,6 @@
 //                     instruction, not a 4-byte store per pair.
 //   v14_tensor_adds   v13 whose writers add dQ at d = 64 by TMA tensor reductions, one a panel of
 //                     8 columns (8 a step), not a bulk reduction per pair of rows (64).
-//   v15_same_start    v14 whose default mode walks every K/V block's Q blocks from its first, as
-//                     the deterministic mode does, not from a rotated one.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -53,7 +51,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds, V15SameStart };
+                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds };
 
 struct VersionInfo {
   Version version;
@@ -111,13 +109,9 @@ inline constexpr VersionInfo kVersions[] = {
      "v13 + dQ added at d = 64 by TMA tensor reductions from a staging tile in panels of 8 columns, 8 a step, not "
      "64 bulk reductions of two rows: the copy engine pays per operation, and the mode's turns wait for it",
      true},
-    {Version::V15SameStart, "09_hopper_backward/v15_same_start",
-     "v14 + the default mode's walks not rotated: every K/V block starts at its first Q block, as in the mode (the "
-     "rotation spread rung 07's dQ atomics, and none are left)",
-     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V15SameStart) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V14TensorAdds) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
