@@ -34,6 +34,8 @@
 //                     instruction, not a 4-byte store per pair.
 //   v14_tensor_adds   v13 whose writers add dQ at d = 64 by TMA tensor reductions, one a panel of
 //                     8 columns (8 a step), not a bulk reduction per pair of rows (64).
+//   v15_rotated_stores v14 whose warps store dQ's share at d = 128 without bank conflicts: odd
+//                     rows store their column blocks in a rotated order.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -51,7 +53,7 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds };
+                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds, V15RotatedStores };
 
 struct VersionInfo {
   Version version;
@@ -109,9 +111,13 @@ inline constexpr VersionInfo kVersions[] = {
      "v13 + dQ added at d = 64 by TMA tensor reductions from a staging tile in panels of 8 columns, 8 a step, not "
      "64 bulk reductions of two rows: the copy engine pays per operation, and the mode's turns wait for it",
      true},
+    {Version::V15RotatedStores, "09_hopper_backward/v15_rotated_stores",
+     "v14 + dQ's share stored at d = 128 without bank conflicts: a thread of an odd row writes its column blocks "
+     "two blocks on (16 banks), where the two rows of a staging pair, d floats apart, met in the same banks",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V14TensorAdds) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V15RotatedStores) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
