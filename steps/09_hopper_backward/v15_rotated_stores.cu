@@ -5,15 +5,17 @@
 // where v14's stores need about 2, 29 % of all shared-store wavefronts bank conflicts, about as
 // many as two extra for each of the dQ share's float2 stores (16 a step a thread). At d = 128 the
 // staging tile keeps two rows of dQ one after the other (one bulk reduction adds both), and the
-// second row starts d = 128 floats after the first: the same banks. The padding after each pair
-// puts the four pairs a warp stores to in four groups of 8 banks, but the two rows of a pair meet,
-// so every store takes twice the wavefronts it needs.
+// second row starts d = 128 floats after the first: the same banks. An 8-byte store is served a
+// half-warp (16 threads, 4 rows) at a time; the padding after each pair puts the two pairs of a
+// half-warp in different groups of 8 banks, but the two rows of a pair meet, so every half-warp
+// takes two wavefronts where one would do.
 //
 // What changed, at d = 128: in store n a thread of an odd row (g odd) writes its column block
-// (n + 2) mod 8, 16 floats (16 banks) further on, where a thread of an even row writes block n.
-// Rows g and g + 1 then fall in banks 16 apart and the 8 rows a warp stores to cover each bank
-// twice, the least 256 bytes can. Which registers a store takes now depends on the row's parity:
-// a select a register, 32 a step. The tile's layout, and so the bulk reductions, are v14's.
+// (n + 2) mod 8, 16 banks on (mod 32), where a thread of an even row writes block n. The two rows
+// of a pair then fall in banks 16 apart, and the 4 rows of a half-warp cover each bank once: two
+// wavefronts a store, the least 256 bytes can take. Which registers a store takes now depends on
+// the row's parity: a select a register, 32 a step (and a second address for the odd rows). The
+// tile's layout, and so the bulk reductions, are v14's.
 #include "../08_hopper_forward/tma.cuh"
 #include "launch.cuh"
 
@@ -440,8 +442,8 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
         *reinterpret_cast<float2*>(tile + n * BR * C::kPanel + 8 * C::kPanel) = make_float2(dq[4 * n + 2], dq[4 * n + 3]);
       }
     } else {
-      // Store n: column block m = n, or (n + 2) mod 8 in an odd row, so that rows g and g + 1
-      // (d floats apart, the same banks) fall in banks 16 apart.
+      // Store n: column block n, or m = (n + 2) mod 8 in an odd row, so that the two rows of a
+      // pair (d floats apart, the same banks) fall in banks 16 apart.
       float* const tile = dQs + sb * C::kTileFloats + C::at(16 * wr + g) + 64 * wg + 2 * t;
       const bool odd = g & 1;
 #pragma unroll
