@@ -45,9 +45,9 @@
 #   FL_BUILD_DIR       build folder (default build-hopper, the hopper preset's)
 #   FL_KEEP_OBJECTS    set: keep compiled CUDA objects (ptxas.log then covers only what changed)
 #   FL_RACECHECK_S     the racecheck stage's time limit (default 220 s; racecheck runs every GPU
-#                      kernel at a fraction of its speed, and with rung 09's fourteen versions a full
-#                      pass takes longer than that: give it a call of its own, FL_STAGES=racecheck
-#                      and FL_RACECHECK_S=500, when the default stops it)
+#                      kernel at a fraction of its speed, and a full pass over rung 09's versions
+#                      takes about that long on an H100: give it a call of its own,
+#                      FL_STAGES=racecheck and FL_RACECHECK_S=500, when the default stops it)
 #   FL_STAGES          comma list of the stages to run (default: all). Configure and build always
 #                      run; a 10-minute device call can take "ctest,memcheck,racecheck,initcheck,
 #                      ladder" and a second one "bench,torch,io,decode" on the same build.

@@ -35,7 +35,7 @@
 //   v14_tensor_adds   v13 whose writers add dQ at d = 64 by TMA tensor reductions, one a panel of
 //                     8 columns (8 a step), not a bulk reduction per pair of rows (64).
 //   v15_rotated_stores v14 whose warps store dQ's share at d = 128 without bank conflicts: odd
-//                     rows store their column blocks in a rotated order.
+//                     rows store their column groups in a rotated order.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -112,7 +112,7 @@ inline constexpr VersionInfo kVersions[] = {
      "64 bulk reductions of two rows: the copy engine pays per operation, and the mode's turns wait for it",
      true},
     {Version::V15RotatedStores, "09_hopper_backward/v15_rotated_stores",
-     "v14 + dQ's share stored at d = 128 without bank conflicts: a thread of an odd row writes its column blocks "
+     "v14 + dQ's share stored at d = 128 without bank conflicts: a thread of an odd row writes its column groups "
      "two blocks on (16 banks), where the two rows of a staging pair, d floats apart, met in the same banks",
      true},
 };

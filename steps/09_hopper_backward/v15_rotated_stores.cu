@@ -1,5 +1,5 @@
 // Rung 09, v15_rotated_stores: v14 whose warps store dQ's share at d = 128 without bank conflicts:
-// the threads of odd rows store their column blocks in a rotated order.
+// the threads of odd rows store their column groups in a rotated order.
 //
 // Why: Nsight Compute at 16 × 16 × 1024, d = 128 counted 5.4 wavefronts a shared store request
 // where v14's stores need about 2, 29 % of all shared-store wavefronts bank conflicts, about as
@@ -10,7 +10,7 @@
 // half-warp in different groups of 8 banks, but the two rows of a pair meet, so every half-warp
 // takes two wavefronts where one would do.
 //
-// What changed, at d = 128: in store n a thread of an odd row (g odd) writes its column block
+// What changed, at d = 128: in store n a thread of an odd row (g odd) writes its column group
 // (n + 2) mod 8, 16 banks on (mod 32), where a thread of an even row writes block n. The two rows
 // of a pair then fall in banks 16 apart, and the 4 rows of a half-warp cover each bank once: two
 // wavefronts a store, the least 256 bytes can take. Which registers a store takes now depends on
@@ -442,8 +442,8 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
         *reinterpret_cast<float2*>(tile + n * BR * C::kPanel + 8 * C::kPanel) = make_float2(dq[4 * n + 2], dq[4 * n + 3]);
       }
     } else {
-      // Store n: column block n, or m = (n + 2) mod 8 in an odd row, so that the two rows of a
-      // pair (d floats apart, the same banks) fall in banks 16 apart.
+      // Store n: column group n (columns 8n..8n + 7), or m = (n + 2) mod 8 in an odd row, so that
+      // the two rows of a pair (d floats apart, the same banks) fall in banks 16 apart.
       float* const tile = dQs + sb * C::kTileFloats + C::at(16 * wr + g) + 64 * wg + 2 * t;
       const bool odd = g & 1;
 #pragma unroll
