@@ -11,7 +11,7 @@
 // takes two wavefronts where one would do.
 //
 // What changed, at d = 128: in store n a thread of an odd row (g odd) writes its column group
-// (n + 2) mod 8, 16 banks on (mod 32), where a thread of an even row writes block n. The two rows
+// (n + 2) mod 8, 16 banks on (mod 32), where a thread of an even row writes group n. The two rows
 // of a pair then fall in banks 16 apart, and the 4 rows of a half-warp cover each bank once: two
 // wavefronts a store, the least 256 bytes can take. Which registers a store takes now depends on
 // the row's parity: a select a register, 32 a step (and a second address for the odd rows). The
@@ -449,9 +449,9 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         const int m = (n + 2) % 8;
-        float* const at = tile + 8 * (odd ? m : n);
-        *reinterpret_cast<float2*>(at) = odd ? make_float2(dq[4 * m], dq[4 * m + 1]) : make_float2(dq[4 * n], dq[4 * n + 1]);
-        *reinterpret_cast<float2*>(at + (C::at(8) - C::at(0))) =
+        float* const dst = tile + 8 * (odd ? m : n);
+        *reinterpret_cast<float2*>(dst) = odd ? make_float2(dq[4 * m], dq[4 * m + 1]) : make_float2(dq[4 * n], dq[4 * n + 1]);
+        *reinterpret_cast<float2*>(dst + (C::at(8) - C::at(0))) =
             odd ? make_float2(dq[4 * m + 2], dq[4 * m + 3]) : make_float2(dq[4 * n + 2], dq[4 * n + 3]);
       }
     }
