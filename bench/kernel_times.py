@@ -28,12 +28,18 @@ import argparse
 import datetime
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_torch as ct  # noqa: E402  (the C ABI's bindings, shapes, the SDPA backends)
 
 FILL = ("elementwise", "reduce_kernel", "spin", "_sleep")  # what the timer's preparation runs
+
+
+def natural_key(name: str) -> tuple:
+    """Numbers in a rung's name compared as numbers: 09_hopper_backward/v15_... after .../v9_..."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
 
 
 def kernel_rows(fn, calls: int, prepare) -> list[tuple[str, float, float]]:
@@ -62,7 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lib", help="path to libflash_ladder.so (default: build-hopper/capi/, then build/capi/)")
     ap.add_argument("--shapes", nargs="+", type=ct.parse_shape, required=True, help="B x H[/Hkv] x Nq[:Nk] x d[c]")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    ap.add_argument("--forward", default="08_hopper_forward/v10_end_aligned", help="the rung whose forward is timed")
+    ap.add_argument("--forward", default=None, help="the rung whose forward is timed (default: rung 08's newest "
+                    "version)")
     ap.add_argument("--backward", default=None, help="the rung whose backward is timed (default: the library's "
                     "last rung with a backward pass on the GPU)")
     ap.add_argument("--peers", default="cudnn", help="comma-separated SDPA backends (flash, cudnn, efficient, math)")
@@ -82,7 +89,14 @@ def main(argv=None) -> int:
     if not ok:
         print(f"kernel_times.py: the library has no GPU kernels here: {why}", file=sys.stderr)
         return 2
-    bwd_rung = args.backward or next(iter(reversed(lib.rungs("cuda", backward=True))), None)
+    # The library lists its rungs in name order, where v9 sorts after v15: the newest is the highest
+    # version number, compared as a number.
+    fwd_rung = args.forward or max((r for r in lib.rungs("cuda") if r.startswith("08_hopper_forward/")),
+                                   key=natural_key, default=None)
+    bwd_rung = args.backward or max(lib.rungs("cuda", backward=True), key=natural_key, default=None)
+    if fwd_rung is None:
+        print("kernel_times.py: the library has no rung 08 on the GPU; name one with --forward", file=sys.stderr)
+        return 2
     peers = [p for p in args.peers.split(",") if p]
     for p in peers:
         if p not in ct.SDPA_BACKENDS:
@@ -110,10 +124,10 @@ def main(argv=None) -> int:
         st = torch.cuda.current_stream().cuda_stream
         calls = []
         try:
-            wf = lib.workspace_bytes(args.forward, "cuda", s.c(), args.dtype)
+            wf = lib.workspace_bytes(fwd_rung, "cuda", s.c(), args.dtype)
             ws_f = torch.empty(wf, dtype=torch.uint8, device="cuda") if wf else None
-            fwd = lambda: lib.forward(args.forward, s.c(), args.dtype, q, k, v, o, lse, ws_f, st)  # noqa: E731
-            calls.append(("ours fwd", args.forward, fwd))
+            fwd = lambda: lib.forward(fwd_rung, s.c(), args.dtype, q, k, v, o, lse, ws_f, st)  # noqa: E731
+            calls.append(("ours fwd", fwd_rung, fwd))
             if args.backward_pass and bwd_rung:
                 wb = lib.backward_workspace_bytes(bwd_rung, "cuda", s.c(), args.dtype)
                 ws_b = torch.empty(wb, dtype=torch.uint8, device="cuda") if wb else None
