@@ -50,7 +50,7 @@
 #                      FL_STAGES=racecheck and FL_RACECHECK_S=500, when the default stops it)
 #   FL_STAGES          comma list of the stages to run (default: all). Configure and build always
 #                      run; on an H100 a 10-minute device call can take "ctest,memcheck,initcheck"
-#                      (the build about 60 s, ctest about 160 s, each sanitizer about 15 s), a second
+#                      (the build about 60 s, ctest 160–180 s, each sanitizer about 15 s), a second
 #                      "racecheck" (with FL_RACECHECK_S=500) and a third "ladder,bench,torch,io,decode".
 # shellcheck disable=SC2317  # the stage functions run through `stage`, which shellcheck cannot see
 set -u -o pipefail
@@ -458,7 +458,7 @@ fi
 [[ -f $OUT/ptxas.log ]] || echo "the build did not run, so ptxas reported nothing" >"$OUT/ptxas.log"
 
 if [[ -f $BUILD/CTestTestfile.cmake ]]; then
-  # About 160 s on an H100 with 16 cores (440 tests, 2026-11-25); 300 leaves room for more.
+  # 160–180 s on an H100 with 16 cores (440 tests, 2026-11-25); 300 leaves room for more.
   ctest_limit=$(( $(left) - 10 < 300 ? $(left) - 10 : 300 ))
   stage ctest 300 run_ctest "$ctest_limit"
   if [[ -s $TMP/ctest.xml ]]; then  # the counts, from ctest's own report
