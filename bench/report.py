@@ -1027,8 +1027,8 @@ def ring_part(doc: dict) -> str:
 
 
 def builds_part(doc: list, rung: str) -> str:
-    """builds.json: the rung's timings of switch builds of one version (ladder's backward time in each mode,
-    ms) and the writer's step by phase under the GPU's global timer (us), one table each a run."""
+    """builds.json: the rung's timings of switch or probe builds (ladder's backward time in each mode, or
+    rung 08's forward time, ms) and the writer's step by phase under the GPU's global timer (us), one table each a run."""
     out = []
     for i, b in enumerate(doc):
         if b.get("rung") != rung or (not b.get("rows") and not b.get("phases")):
@@ -1037,7 +1037,8 @@ def builds_part(doc: list, rung: str) -> str:
             chr(ord("a") + i), b.get("name", "?"), b.get("what", ""), b.get("device", "?"), b.get("date", "?"),
             b.get("command", "?")), ""]
         if b.get("rows"):
-            out += ["| shape | variant | backward, default (ms) | backward, mode (ms) |", "|---|---|---:|---:|"]
+            what = "forward" if rung.startswith("08") else "backward"  # rung 08 has no mode: its column is "-"
+            out += ["| shape | variant | %s, default (ms) | %s, mode (ms) |" % (what, what), "|---|---|---:|---:|"]
             ms = lambda x: "-" if x is None else "%.4f" % x
             out += ["| %s | %s | %s | %s |" % (r["shape"], r["variant"], ms(r.get("default_ms")), ms(r.get("mode_ms")))
                     for r in b["rows"]]
