@@ -129,13 +129,4 @@ __device__ inline void load(uint32_t dst, const CUtensorMap& map, int c0, int r0
       : "memory");
 }
 
-// A hint: the box at (column c0, row r0, slice s) of `map` brought into L2, nothing written to
-// shared memory and nothing to wait for (rung 08's v11 asks for the next tile's Q with it).
-__device__ inline void prefetch_l2(const CUtensorMap& map, int c0, int r0, int s) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(&map)),
-               "r"(c0), "r"(r0), "r"(s)
-               : "memory");
-}
-
 }  // namespace fl::tma

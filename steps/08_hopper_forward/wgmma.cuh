@@ -213,22 +213,21 @@ __device__ inline void ss_n128(float (&d)[32], float (&e)[32], uint64_t a, uint6
                  : "l"(a), "l"(b), "r"(int(accumulate)), "n"(kTransA), "n"(kTransB));
 }
 
-// D += A·B, m64n64k16, A from registers (an mma.sync A fragment per warp), B from shared memory;
-// with accumulate false, D = A·B (D's old values are not read).
+// D += A·B, m64n64k16, A from registers (an mma.sync A fragment per warp), B from shared memory.
 template <class T, int kTransB>
-__device__ inline void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b, bool accumulate = true) {
+__device__ inline void rs_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
   if constexpr (std::is_same_v<T, __half>)
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " FL_WG_R32
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                  : FL_WG_D8(0), FL_WG_D8(8), FL_WG_D8(16), FL_WG_D8(24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(kTransB));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(kTransB));
   else
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " FL_WG_R32
                  ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
                  : FL_WG_D8(0), FL_WG_D8(8), FL_WG_D8(16), FL_WG_D8(24)
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int(accumulate)), "n"(kTransB));
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1), "n"(kTransB));
 }
 
 #undef FL_WG_D8
