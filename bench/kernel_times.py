@@ -28,18 +28,13 @@ import argparse
 import datetime
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_torch as ct  # noqa: E402  (the C ABI's bindings, shapes, the SDPA backends)
+from report import kernel_key  # noqa: E402  (rungs in order, numbers compared as numbers: v15 after v9)
 
 FILL = ("elementwise", "reduce_kernel", "spin", "_sleep")  # what the timer's preparation runs
-
-
-def natural_key(name: str) -> tuple:
-    """Numbers in a rung's name compared as numbers: 09_hopper_backward/v15_... after .../v9_..."""
-    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name) if t)
 
 
 def kernel_rows(fn, calls: int, prepare) -> list[tuple[str, float, float]]:
@@ -70,8 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     ap.add_argument("--forward", default=None, help="the rung whose forward is timed (default: rung 08's newest "
                     "version)")
-    ap.add_argument("--backward", default=None, help="the rung whose backward is timed (default: the library's "
-                    "last rung with a backward pass on the GPU)")
+    ap.add_argument("--backward", default=None, help="the rung whose backward is timed (default: the newest "
+                    "version of the library's last rung with a backward pass on the GPU)")
     ap.add_argument("--peers", default="cudnn", help="comma-separated SDPA backends (flash, cudnn, efficient, math)")
     ap.add_argument("--calls", type=int, default=10, help="profiled calls of each (default 10)")
     ap.add_argument("--no-backward", dest="backward_pass", action="store_false", help="the forward only")
@@ -92,8 +87,8 @@ def main(argv=None) -> int:
     # The library lists its rungs in name order, where v9 sorts after v15: the newest is the highest
     # version number, compared as a number.
     fwd_rung = args.forward or max((r for r in lib.rungs("cuda") if r.startswith("08_hopper_forward/")),
-                                   key=natural_key, default=None)
-    bwd_rung = args.backward or max(lib.rungs("cuda", backward=True), key=natural_key, default=None)
+                                   key=kernel_key, default=None)
+    bwd_rung = args.backward or max(lib.rungs("cuda", backward=True), key=kernel_key, default=None)
     if fwd_rung is None:
         print("kernel_times.py: the library has no rung 08 on the GPU; name one with --forward", file=sys.stderr)
         return 2

@@ -1028,7 +1028,8 @@ def ring_part(doc: dict) -> str:
 
 def builds_part(doc: list, rung: str) -> str:
     """builds.json: the rung's timings of switch or probe builds (ladder's backward time in each mode, or
-    rung 08's forward time, ms) and the writer's step by phase under the GPU's global timer (us), one table each a run."""
+    rung 08's forward time, ms) and the writer's step by phase under the GPU's global timer (us), one
+    table each a run."""
     out = []
     for i, b in enumerate(doc):
         if b.get("rung") != rung or (not b.get("rows") and not b.get("phases")):
