@@ -28,6 +28,8 @@
 //                and, there, a walk that deals single tiles, not pairs (finer shares of the grid).
 //   v10_end_aligned  at d = 64, a head's 192-row tiles counted from its last row: the partial
 //                tile is the first one, which under the causal mask sees the fewest keys.
+//   v11_tma_store  at d = 128, O through shared memory (stmatrix) and out by one TMA store a
+//                panel, in the K buffer of the tile's last block, instead of 4-byte stores.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -41,7 +43,7 @@
 namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
-                     V9ThreeConsumers, V10EndAligned };
+                     V9ThreeConsumers, V10EndAligned, V11TmaStore };
 
 struct VersionInfo {
   Version version;
@@ -74,9 +76,12 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V10EndAligned, "08_hopper_forward/v10_end_aligned",
      "v9 + at d = 64 the 192-row tiles counted from a head's last row, so that the partial tile is the "
      "first, which the causal mask makes the shortest"},
+    {Version::V11TmaStore, "08_hopper_forward/v11_tma_store",
+     "v10 + at d = 128, O written to shared memory with stmatrix and stored by TMA, one box a panel, in the "
+     "K buffer of the tile's last block, instead of by every thread 4 bytes at a time"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V10EndAligned) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V11TmaStore) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the fastest or within 0.5 % of the fastest on every cell of chapter 08's
 // grid but N = 1024 causal (v8 is faster there) and d = 64, N = 1024 not causal (v9): the forward
 // rung 09 pairs with and rung 11's steps run. A new
