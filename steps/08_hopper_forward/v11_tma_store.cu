@@ -400,7 +400,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
               pack<T>(acc[pc][4 * c + 2 * h] * inv, acc[pc][4 * c + 2 * h + 1] * inv);
       if (t == 0) lse[bh * nq + row] = lsum > 0.f ? m[h] / kLog2e + logf(lsum) : -INFINITY;
     }
-  } else {
+  } else {  // kStaged (d = 128)
   // The deferred normalisation: ℓ summed over the quad, lse in natural log, then O in the input
   // type through shared memory.
   float inv[2];
@@ -446,7 +446,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     }
     pending = last;  // handed back in the next tile's first step
   }
-  }
+  }  // kStaged
   }  // the tiles
   if (threadIdx.x % 128 == 0) bulk_wait_all();  // O's last stores are done before the block ends
   }  // the consumers
