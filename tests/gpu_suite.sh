@@ -48,10 +48,17 @@
 #                      kernel at a fraction of its speed, and a full pass over rung 09's versions
 #                      takes about that long on an H100: give it a call of its own,
 #                      FL_STAGES=racecheck and FL_RACECHECK_S=500, when the default stops it)
+#   FL_BENCH_FILTER    the bench stage's --benchmark_filter (a regex over names such as
+#                      fwd/08_hopper_forward/v11_tma_store/cuda/bf16/B1_H16_N512_d64_c0; default:
+#                      every benchmark). The whole sweep is hundreds of benchmarks at about 7 s each
+#                      on an H100 (675 of them, 35 in the stage's 240 s, 2026-11-25): far more than
+#                      a call, so a call sweeps a slice, e.g. FL_BENCH_FILTER='^fwd/08_'
 #   FL_STAGES          comma list of the stages to run (default: all). Configure and build always
-#                      run; on an H100 a 10-minute device call can take "ctest,memcheck,initcheck"
-#                      (the build about 60 s, ctest 160–180 s, each sanitizer about 15 s), a second
-#                      "racecheck" (with FL_RACECHECK_S=500) and a third "ladder,bench,torch,io,decode".
+#                      run (with the SASS check about 120 s); on an H100 a 10-minute device call can
+#                      take "ctest,memcheck,initcheck" (ctest 160–180 s, each sanitizer about 15 s),
+#                      a second "racecheck" (with FL_RACECHECK_S=500), a third "ladder,io,torch,decode"
+#                      (ladder about 120 s, io 30 s; torch and decode share what is left) and, for
+#                      the Google Benchmark sweep, "bench" with FL_BENCH_FILTER a slice a call.
 # shellcheck disable=SC2317  # the stage functions run through `stage`, which shellcheck cannot see
 set -u -o pipefail
 
@@ -365,8 +372,8 @@ io_measure() {
 }
 
 bench_sweep() {
-  "$BUILD/bench/ladder_bench" --fl_device=cuda --benchmark_out="$OUT/bench.json" \
-    --benchmark_out_format=json
+  "$BUILD/bench/ladder_bench" --fl_device=cuda ${FL_BENCH_FILTER:+--benchmark_filter="$FL_BENCH_FILTER"} \
+    --benchmark_out="$OUT/bench.json" --benchmark_out_format=json
 }
 
 torch_compare() {
