@@ -30,6 +30,8 @@
 //                tile is the first one, which under the causal mask sees the fewest keys.
 //   v11_tma_store  at d = 128, O through shared memory (stmatrix) and out by one TMA store a
 //                panel, in the K buffer of the tile's last block, instead of 4-byte stores.
+//   v12_split_kv  K and V handed back to the producer apart: K once its Q·Kᵀ is done, a step
+//                before its V, so the next K is fetched earlier.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -43,7 +45,7 @@
 namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
-                     V9ThreeConsumers, V10EndAligned, V11TmaStore };
+                     V9ThreeConsumers, V10EndAligned, V11TmaStore, V12SplitKv };
 
 struct VersionInfo {
   Version version;
@@ -79,9 +81,12 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V11TmaStore, "08_hopper_forward/v11_tma_store",
      "v10 + at d = 128, O written to shared memory with stmatrix and stored by TMA, one box a panel, in the "
      "K buffer of the tile's last block, instead of by every thread 4 bytes at a time"},
+    {Version::V12SplitKv, "08_hopper_forward/v12_split_kv",
+     "v11 + K and V handed back to the producer apart, on mbarriers of their own: K after its Q*K^T, V "
+     "after its P*V, so that K is fetched a step further ahead"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V11TmaStore) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V12SplitKv) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the fastest or within 2 % of the fastest on every cell of chapter 08's grid
 // but d = 64, N = 1024 causal (v7 is 5 % faster there): the forward rung 09 pairs with and rung
 // 11's steps run. A new version moves every one of them by being added last.
