@@ -1,14 +1,15 @@
 // Rung 08, v12_split_kv: v11 with K and V handed back to the producer apart.
 //
-// Why: a K/V buffer went back to the producer only once both its K and its V were done with, that
-// is after the block's P·V, a step after its Q·Kᵀ had finished with K. So the next K to fill that
-// buffer waited a step longer than it needed to, and K, which each step needs first, was fetched
-// no further ahead than V, which it needs last.
+// Why: a stage (the K buffer and the V buffer of one index) went back to the producer only once
+// both its K and its V were done with, that is after the block's P·V, a step after its Q·Kᵀ had
+// finished with K. So the next K to fill that buffer waited a step longer than it needed to, and
+// K, which each step needs first, was fetched no further ahead than V, which it needs last.
 //
 // What changed: K and V get mbarriers of their own (kfull, vfull, kempty, vempty). A consumer
 // hands a block's K back as soon as its Q·Kᵀ is in (the tile's last K at d = 128 stays out for
-// O's store, as in v11), its V after its P·V; the producer fetches each K once its buffer is
-// free, then the V, and waits for V only before issuing the block's P·V.
+// O's store, as in v11), its V after its P·V (the tile's last V too, at d = 128 now). The
+// producer, in order, fetches each K once its buffer is free, then the V once its buffer is; a
+// consumer waits for a block's V (vfull) only just before it issues the block's P·V.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,7 +43,8 @@ struct Cfg {
   static constexpr int P = D / 64;    // 64-column panels of d: O's accumulators, one wgmma N each
   static constexpr int NS = BC / 64;  // 64-key halves of S's accumulators (one n128 wgmma fills both)
   static constexpr uint32_t kTileBytes = BC * D * 2;  // one K or V buffer, 16-bit values
-  // K and V buffers: block j + 2's K loads once block j − 1's K is done with, its V once j − 1's V is.
+  // K and V buffers: block j + 2's K loads once block j − 1's K is done with (and after V_{j+1}, which
+  // the producer issues first), its V once j − 1's V is.
   static constexpr int kStages = 3;
   // Q; K and V three times; 1 KB to start the tiles on a 1024-byte boundary (the swizzle's period).
   // O on its way out at d = 128: each consumer's 64 rows go through shared memory to one TMA store
