@@ -64,7 +64,8 @@ def draw(run, out_dir):
         versions = sorted({version_of(r["name"]) for r in mine if version_of(r["name"])}, key=lambda v: v[1])
         versions = [v for v in versions if v[1] >= FIRST_SHOWN]
         shapes = sorted({r["shape"] for r in mine}, key=cell_key)
-        fig, axes = plt.subplots(len(dtypes), 1, figsize=(14, 3.6 * len(dtypes)), squeeze=False)
+        fig, axes = plt.subplots(len(dtypes), 1, figsize=(14, 3.6 * len(dtypes) + 0.4), squeeze=False)
+        top = 1.15  # room above the fastest bar of the run
         for ax, dtype in zip(axes[:, 0], dtypes):
             ms = {(r["shape"], r["name"].split(" (")[0]): r["ms"] for r in mine if r["dtype"] == dtype}
             width = 0.8 / max(1, len(versions))
@@ -75,6 +76,7 @@ def draw(run, out_dir):
                     if cu and t:
                         xs.append(k - 0.4 + width * (i + 0.5))
                         ys.append(cu / t)
+                        top = max(top, cu / t + 0.03)
                 ax.bar(xs, ys, width, color=COLORS[i % len(COLORS)], label=v, zorder=2)
             fx, fy = [], []
             for k, sh in enumerate(shapes):
@@ -92,16 +94,17 @@ def draw(run, out_dir):
             ax.set_xticks(range(len(shapes)))
             ax.set_xticklabels(labels, fontsize=8)
             ax.set_xlim(-0.6, len(shapes) - 0.4)
-            ax.set_ylim(0.4, 1.15)
             ax.set_ylabel("speed relative to cuDNN")
             ax.set_title("%s, %s: B·N = 16384, H = 16" % (dtype, device), fontsize=10)
             ax.grid(axis="y", color="#dddddd", zorder=0)
+        for ax in axes[:, 0]:
+            ax.set_ylim(0.4, top)  # one scale for both dtypes
         date = min((r.get("date", "") for r in mine), default="")[:10]
         fig.suptitle("Rung 08 beside cuDNN on every grid cell (%s, %s)" % (run.get("name", ""), date), fontsize=11)
         handles, names = axes[0, 0].get_legend_handles_labels()
-        fig.legend(handles, names, fontsize=8, ncol=len(names), loc="upper center", bbox_to_anchor=(0.5, 0.955),
-                   frameon=False)
-        fig.tight_layout(rect=(0, 0, 1, 0.93))
+        fig.legend(handles, names, fontsize=8, ncol=(len(names) + 1) // 2, loc="upper center",
+                   bbox_to_anchor=(0.5, 0.96), frameon=False)  # two rows, so that every name fits
+        fig.tight_layout(rect=(0, 0, 1, 0.9))
         gpu = "h200" if "H200" in device else "h100" if "H100" in device else "gpu"
         save(fig, out_path(out_dir, "hopper_grid_%s.png" % gpu))
 
