@@ -45,6 +45,28 @@ TEST(Hopper, EveryVersionMatchesOracleAndTwinOnRisingLogits) {
   for (const std::string& name : version_names()) expect_rising_logits_pass(name, Backend::Cuda);
 }
 
+// v13_split_tail splits a non-causal walk's last round along the keys over all thread blocks,
+// where the tiles do not fill whole rounds (on an H100's or H200's 132 SMs for these shapes):
+// shares of the r tiles' W key blocks longer than one block (W > 132) and empty ones (W < 132),
+// tiles of 2 to 6 pieces, pieces of 1 to 12 key blocks, 1 or 8 whole rounds first, ragged Nq (a
+// partial tile; at d = 64 the first) and Nk, GQA.
+std::vector<AttentionShape> split_tail_shapes() {
+  return {make_shape(1, 8, 2, 2100, 400, 128, false),    make_shape(1, 116, 116, 256, 200, 128, false),
+          make_shape(2, 16, 4, 1000, 1500, 128, false),  make_shape(1, 136, 136, 1024, 256, 128, false),
+          make_shape(1, 58, 29, 400, 256, 64, false),    make_shape(1, 100, 100, 300, 300, 64, false),
+          make_shape(1, 20, 5, 1500, 2000, 64, false)};
+}
+
+TEST(Hopper, SplitTailMatchesOracle) {
+  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v13_split_tail", Backend::Cuda);
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<Case> cases;
+    uint64_t n = 0;
+    for (const AttentionShape& s : split_tail_shapes()) cases.push_back({s, InputKind::Normal, base_seed() + n++});
+    expect_cases_pass(*r, t, cases);
+  }
+}
+
 // v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial
 // tile is the first and starts above the head. The twin and the IO model follow the tiling, so at
 // N = 1024, causal, a head's K and V blocks are read 27 times, against v9's 32 (chapter 08, "v10:
