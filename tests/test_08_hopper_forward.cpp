@@ -46,19 +46,29 @@ TEST(Hopper, EveryVersionMatchesOracleAndTwinOnRisingLogits) {
 }
 
 // v13_split_tail splits a non-causal walk's last round along the keys over all thread blocks,
-// where the tiles do not fill whole rounds (on an H100's or H200's 132 SMs for these shapes):
-// shares of the r tiles' W key blocks longer than one block (W > 132) and empty ones (W < 132),
-// tiles of 2 to 6 pieces, pieces of 1 to 12 key blocks, 1 or 8 whole rounds first, ragged Nq (a
-// partial tile; at d = 64 the first) and Nk, GQA.
+// where the tiles do not fill whole rounds and the idle round would cost a block at least 8 key
+// blocks (on an H100's or H200's 132 SMs for these shapes): shares of the r tiles' W key blocks
+// longer than one block (W > 132) and empty ones (W < 132), tiles of 3 to 12 pieces, pieces of 1
+// to 10 key blocks, 1, 2 or 8 whole rounds first, ragged Nq (a partial tile; at d = 64 the first)
+// and Nk, GQA.
 std::vector<AttentionShape> split_tail_shapes() {
-  return {make_shape(1, 8, 2, 2100, 400, 128, false),    make_shape(1, 116, 116, 256, 200, 128, false),
-          make_shape(2, 16, 4, 1000, 1500, 128, false),  make_shape(1, 136, 136, 1024, 256, 128, false),
-          make_shape(1, 58, 29, 400, 256, 64, false),    make_shape(1, 100, 100, 300, 300, 64, false),
-          make_shape(1, 20, 5, 1500, 2000, 64, false)};
+  return {make_shape(1, 8, 2, 2100, 1500, 128, false),  make_shape(1, 12, 4, 2900, 1100, 128, false),
+          make_shape(1, 58, 29, 400, 2100, 64, false),  make_shape(1, 70, 70, 300, 1400, 64, false),
+          make_shape(1, 20, 5, 1500, 2000, 64, false),  make_shape(1, 182, 182, 150, 3000, 64, false),
+          make_shape(1, 1066, 533, 64, 1100, 64, false)};
 }
 
 TEST(Hopper, SplitTailMatchesOracle) {
   FL_RUNG_OR_SKIP(r, "08_hopper_forward/v13_split_tail", Backend::Cuda);
+  // The split walk, and it alone, asks for a workspace: on 132 SMs every shape here must split
+  // (else this test would check v12's walk again), and the grid's N = 1024 cells must not.
+  if (gpu::sm_count() == 132) {
+    for (const AttentionShape& s : split_tail_shapes())
+      EXPECT_GT(r->workspace_bytes(s, DType::BF16), 0u) << s.str() << " does not split";
+    for (int d : {64, 128})
+      EXPECT_EQ(r->workspace_bytes(make_shape(16, 16, 16, 1024, 1024, d, false), DType::BF16), 0u)
+          << "the split pays too little at N = 1024, d = " << d;
+  }
   for (DType t : {DType::BF16, DType::F16}) {
     std::vector<Case> cases;
     uint64_t n = 0;

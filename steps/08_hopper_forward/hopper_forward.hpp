@@ -96,8 +96,7 @@ static_assert(int(Version::V13SplitTail) + 1 == int(std::size(kVersions)), "a Ve
 // The newest version, the fastest or within 2 % of the fastest on every cell of chapter 08's grid
 // but d = 64, N = 1024 causal (v7 is 5 % faster there): the forward rung 09 pairs with and rung
 // 11's steps run. A new version moves every one of them by being added last.
-// On trial (branch wip/v13-split-tail, not yet run on a GPU): v13_split_tail is left out of it.
-inline constexpr const char* kNewest = info(Version::V12SplitKv).name;
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // consumer warpgroups of 64 rows each, two (three in v9 at d = 64), 128 keys.
@@ -118,19 +117,29 @@ inline Capabilities capabilities() {
 // the kernels cannot run on this machine (empty when they can: an sm_90 GPU, a build for sm_90a).
 using KernelFn = void (*)(Version, const AttentionShape&, DType, const ForwardArgs&);
 using WhyNotFn = std::string (*)();
+using WorkspaceFn = std::size_t (*)(const AttentionShape&, DType);  // null: none
 
 // One version on either backend: rung 06's numerics twin with this version's tiling
 // (hopper_forward.cpp registers one per version), or the version's kernel.
 template <Backend B>
 class HopperRung final : public Rung {
  public:
-  explicit HopperRung(Version v, KernelFn kernel = nullptr, WhyNotFn why_not = nullptr)
-      : version_(v), kernel_(kernel), why_not_(why_not) {}
+  explicit HopperRung(Version v, KernelFn kernel = nullptr, WhyNotFn why_not = nullptr, WorkspaceFn workspace = nullptr)
+      : version_(v), kernel_(kernel), why_not_(why_not), workspace_(workspace) {}
   std::string name() const override { return info(version_).name; }
   std::string idea() const override { return info(version_).idea; }
   Backend backend() const override { return B; }
-  Capabilities caps() const override { return capabilities(); }
+  Capabilities caps() const override {
+    Capabilities c = capabilities();
+    if (workspace_) c.workspace_what = "the partial results and counters of a split last round";
+    return c;
+  }
   std::string unavailable() const override { return why_not_ ? why_not_() : std::string(); }
+  // A kernel's workspace (v13's split walk), sized for the current GPU's SM count; none where the
+  // kernel cannot run here.
+  std::size_t workspace_bytes(const AttentionShape& s, DType t) const override {
+    return workspace_ && unavailable().empty() ? workspace_(s, t) : 0;
+  }
   IoModel modelled_io(const AttentionShape& s, DType t) const override {
     return tensor_core_mma::io_model(s, t, tiling(version_, s.head_dim));
   }
@@ -143,6 +152,7 @@ class HopperRung final : public Rung {
   Version version_;
   KernelFn kernel_;
   WhyNotFn why_not_;
+  WorkspaceFn workspace_;
 };
 
 }  // namespace fl::hopper

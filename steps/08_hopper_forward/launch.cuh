@@ -2,12 +2,14 @@
 // GPU that runs wgmma, a build for sm_90a, the grid's limits, 16-byte alignment), the kernel
 // instance for the call's dtype and head dim, and the registration of the version under its name.
 // A version file holds its kernel and a `Launch` with `template <class T, int D> static void
-// run(shape, args)`, and ends with
+// run(shape, args)` (and, if it needs device memory of its own, a static `workspace_bytes(shape,
+// dtype)`), and ends with
 //     static const RegisterKernel<Launch> registered{kVersion};
 #pragma once
 
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "cuda_check.cuh"
 #include "device.hpp"
@@ -33,11 +35,22 @@ void dispatch(Version v, const AttentionShape& s, DType t, const ForwardArgs& a)
   dispatch_16bit<Launch, 64, 128>(who, t, s.head_dim, s, a);
 }
 
+// A Launch's `static std::size_t workspace_bytes(shape, dtype)`, where it has one.
+template <class Launch, class = void>
+struct WorkspaceOf {
+  static constexpr WorkspaceFn fn = nullptr;
+};
+template <class Launch>
+struct WorkspaceOf<Launch, std::void_t<decltype(&Launch::workspace_bytes)>> {
+  static constexpr WorkspaceFn fn = &Launch::workspace_bytes;
+};
+
 // Adds version v's kernel to the registry at program start.
 template <class Launch>
 struct RegisterKernel {
   explicit RegisterKernel(Version v) {
-    Registry::instance().add(std::make_unique<HopperRung<Backend::Cuda>>(v, &dispatch<Launch>, &why_not_here));
+    Registry::instance().add(
+        std::make_unique<HopperRung<Backend::Cuda>>(v, &dispatch<Launch>, &why_not_here, WorkspaceOf<Launch>::fn));
   }
 };
 

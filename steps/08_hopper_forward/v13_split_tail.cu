@@ -18,8 +18,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <iterator>
-#include <mutex>
 #include <type_traits>
 
 #include "block_reduce.cuh"
@@ -478,7 +476,6 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
         continue;
       }
       __threadfence();  // and the other pieces' slots are read after the count
-      if (x == 0) *count = 0;  // zero again for the next launch
       // Add the other pieces in, as the online softmax adds a block: each side rescaled to the
       // larger maximum.
       for (uint32_t b = first; b <= final_; ++b) {
@@ -577,32 +574,42 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
 
 // ---- launcher ---------------------------------------------------------------------------------
 
-// The split walk's partial results and counters: device memory kept from call to call, one set
-// a device, grown where a call needs more, its counters zeroed on the call's stream when they are
-// allocated (each tile's last piece zeroes its own again). A probe's shortcut, not the rung
-// contract's workspace: two calls in flight at once on two streams of one device would share it.
-struct SplitBuffers {
-  float* parts = nullptr;
-  int* counts = nullptr;
-  std::size_t parts_bytes = 0, counts_bytes = 0;
-  void reserve(std::size_t pb, std::size_t cb, cudaStream_t stream) {
-    if (pb > parts_bytes) {
-      if (parts) FL_CUDA_CHECK(cudaFree(parts));
-      FL_CUDA_CHECK(cudaMalloc(&parts, pb));
-      parts_bytes = pb;
-    }
-    if (cb > counts_bytes) {
-      if (counts) FL_CUDA_CHECK(cudaFree(counts));
-      FL_CUDA_CHECK(cudaMalloc(&counts, cb));
-      FL_CUDA_CHECK(cudaMemsetAsync(counts, 0, cb, stream));
-      counts_bytes = cb;
-    }
+// The walk a launch takes: one block an SM (one fits: the whole register file), or one a unit
+// (a pair of tiles at d = 128, a tile at d = 64; a tile where the walk is split) where there are
+// fewer; split where not causal and the idle last round would cost each block at least
+// kMinSaved key blocks more than its share of the split (a piece's fixed costs, its Q load, its
+// pipeline's start and its partial result's store or merge, are about 2–3 key blocks' time; at
+// N = 1024 the split saved too little to pay for them).
+inline constexpr int64_t kMinSaved = 8;
+
+template <int D>
+struct Plan {
+  bool split = false;
+  int64_t units = 0, nb = 1;
+  unsigned grid = 0;
+
+  Plan(const AttentionShape& s, int sms) {
+    using C = Cfg<D>;
+    const int64_t tiles = ceil_div<int64_t>(s.seq_q, C::BR), single = tiles * s.batch * s.heads;
+    const int64_t blocks = ceil_div<int64_t>(s.seq_k, C::BC), left = single % sms;
+    split = !s.causal && single > sms && left != 0 && blocks - ceil_div<int64_t>(left * blocks, sms) >= kMinSaved &&
+            left * blocks * sms < (int64_t(1) << 32);  // SplitWalk's 32 bits
+    nb = split ? blocks : 1;
+    units = split ? single : (C::kConsumers == 2 ? (tiles + 1) / 2 : tiles) * s.batch * s.heads;
+    grid = unsigned(std::min<int64_t>(units, sms));
   }
+  // The workspace: two slots a block for its pieces' partial results, then a counter for each
+  // consumer of each tile left (zeroed at every launch).
+  std::size_t parts_bytes() const { return split ? sizeof(float) * 2 * grid * Cfg<D>::kConsumers * Cfg<D>::kPartial * 128 : 0; }
+  std::size_t bytes() const { return split ? parts_bytes() + sizeof(int) * (units % grid) * Cfg<D>::kConsumers : 0; }
 };
-inline std::mutex split_buffers_lock;
-inline SplitBuffers split_buffers[64];  // by device
 
 struct Launch {
+  static std::size_t workspace_bytes(const AttentionShape& s, DType) {
+    const int sms = gpu::sm_count();
+    return s.head_dim == 64 ? Plan<64>(s, sms).bytes() : Plan<128>(s, sms).bytes();
+  }
+
   template <class T, int D>
   static void run(const AttentionShape& s, const ForwardArgs& a) {
     using C = Cfg<D>;
@@ -611,37 +618,23 @@ struct Launch {
     const CUtensorMap to = tma::make_tensor_map(a.o, t, s.batch * s.heads, s.seq_q, D, 64);
     const CUtensorMap tk = tma::make_tensor_map(a.k, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     const CUtensorMap tv = tma::make_tensor_map(a.v, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
-    // One block per SM (one fits: the whole register file), or one per unit of the walk (a pair of
-    // tiles at d = 128, a tile at d = 64; a tile where the walk is split) where there are fewer.
-    const int sms = gpu::sm_count();
-    const int64_t tiles = ceil_div<int64_t>(s.seq_q, C::BR), nb = ceil_div<int64_t>(s.seq_k, C::BC);
-    // Split where not causal and the last round would leave blocks idle.
-    const int64_t single = tiles * s.batch * s.heads;
-    const bool split = !s.causal && single > sms && single % sms != 0 && nb >= 2 &&
-                       (single % sms) * nb * sms < (int64_t(1) << 32);  // SplitWalk's 32 bits
-    const int64_t units = split ? single : (C::kConsumers == 2 ? (tiles + 1) / 2 : tiles) * s.batch * s.heads;
-    if (units > INT32_MAX / 4)  // the walk counts tiles in an int
+    const Plan<D> plan(s, gpu::sm_count());
+    if (plan.units > INT32_MAX / 4)  // the walk counts tiles in an int
       throw InputError("rung 08_hopper_forward/v13_split_tail (cuda): ceil(Nq / " +
-                       std::to_string(C::kConsumers == 2 && !split ? 2 * C::BR : C::BR) + ") * batch * heads must be below 2^29");
-    const unsigned grid = unsigned(std::min<int64_t>(units, sms));
+                       std::to_string(C::kConsumers == 2 && !plan.split ? 2 * C::BR : C::BR) +
+                       ") * batch * heads must be below 2^29");
+    const SplitWalk sw(uint32_t(plan.units), plan.grid, uint32_t(plan.nb));
     float* parts = nullptr;
     int* counts = nullptr;
-    const SplitWalk sw(uint32_t(units), grid, uint32_t(split ? nb : 1));
-    if (split) {
-      int dev = 0;
-      FL_CUDA_CHECK(cudaGetDevice(&dev));
-      if (dev >= int(std::size(split_buffers))) throw InputError("rung 08_hopper_forward/v13_split_tail (cuda): device number above 63");
-      const std::lock_guard<std::mutex> hold(split_buffers_lock);
-      SplitBuffers& buffers = split_buffers[dev];
-      buffers.reserve(sizeof(float) * 2 * grid * C::kConsumers * C::kPartial * 128, sizeof(int) * sw.left * C::kConsumers,
-                      as_stream(a.stream));
-      parts = buffers.parts;
-      counts = buffers.counts;
+    if (plan.split) {
+      parts = static_cast<float*>(a.workspace);
+      counts = reinterpret_cast<int*>(static_cast<unsigned char*>(a.workspace) + plan.parts_bytes());
+      FL_CUDA_CHECK(cudaMemsetAsync(counts, 0, plan.bytes() - plan.parts_bytes(), as_stream(a.stream)));
     }
-    auto* const kernel = split ? &wgmma_kernel<T, D, true> : &wgmma_kernel<T, D, false>;
+    auto* const kernel = plan.split ? &wgmma_kernel<T, D, true> : &wgmma_kernel<T, D, false>;
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
-    kernel<<<grid, C::kThreads, C::kSmemBytes, as_stream(a.stream)>>>(
-        tq, to, tk, tv, static_cast<T*>(a.o), a.lse, int(s.heads), int(s.group()), s.seq_q, s.seq_k, int(units),
+    kernel<<<plan.grid, C::kThreads, C::kSmemBytes, as_stream(a.stream)>>>(
+        tq, to, tk, tv, static_cast<T*>(a.o), a.lse, int(s.heads), int(s.group()), s.seq_q, s.seq_k, int(plan.units),
         s.softmax_scale() * kLog2e, s.causal, sw, parts, counts);
     FL_CUDA_CHECK_LAUNCH();
   }

@@ -114,14 +114,28 @@ class PhaseClock {
   std::string line_;
 };
 
+// The most workspace the local rung asks for over every step of every rank: each step's own
+// shape and mask decide it (rung 08's v13 needs one only where a non-causal walk splits its last
+// round, which a smaller or unmasked step can do where the whole causal step does not).
+inline std::size_t step_workspace_bytes(const Rung& local, const RingShape& s, DType t) {
+  std::size_t ws = 16;
+  for (int64_t rank = 0; rank < s.ranks; ++rank)
+    for (int64_t step = 0; step < s.ranks; ++step) {
+      const StepPlan pl = plan_step(s, rank, step);
+      if (pl.nq == 0) continue;
+      AttentionShape a = s.attn;
+      a.seq_q = pl.nq, a.seq_k = pl.nk, a.causal = pl.causal;
+      ws = std::max(ws, local.workspace_bytes(a, t));
+    }
+  return ws;
+}
+
 // Device memory one rank holds (RankState's buffers), for a check before any of it is taken.
 inline std::size_t rank_bytes(const RingShape& s, DType t) {
   const int64_t L = s.local_len(), d = s.attn.head_dim, qh = s.attn.batch * s.attn.heads,
                 kh = s.attn.batch * s.attn.kv_heads;
   const std::size_t row = std::size_t(d) * 2, q_bytes = std::size_t(qh * L) * row, kv_bytes = std::size_t(kh * L) * row;
-  AttentionShape whole_step = s.attn;  // the largest step: L queries, L keys
-  whole_step.seq_q = whole_step.seq_k = L;
-  const std::size_t ws = std::max<std::size_t>(16, gpu_local_rung(t).workspace_bytes(whole_step, t));
+  const std::size_t ws = step_workspace_bytes(gpu_local_rung(t), s, t);
   return 3 * q_bytes + 6 * kv_bytes + std::size_t(qh * L) * std::size_t(d + 2) * 4 + ws;
 }
 
@@ -133,9 +147,7 @@ class RankState {
       : s_(s), t_(t), rank_(rank), st_(st), local_(gpu_local_rung(t)), L_(s.local_len()), d_(s.attn.head_dim),
         qh_(s.attn.batch * s.attn.heads), kh_(s.attn.batch * s.attn.kv_heads), row_(std::size_t(d_) * sizeof(T)),
         kv_bytes_(std::size_t(kh_ * L_) * row_) {
-    AttentionShape whole_step = s.attn;  // the largest step: L queries, L keys
-    whole_step.seq_q = whole_step.seq_k = L_;
-    const std::size_t q_bytes = std::size_t(qh_ * L_) * row_, ws = std::max<std::size_t>(16, local_.workspace_bytes(whole_step, t));
+    const std::size_t q_bytes = std::size_t(qh_ * L_) * row_, ws = step_workspace_bytes(local_, s, t);
     gpu::require_memory(rank_bytes(s, t), "rank " + std::to_string(rank) + " of rung 11's ring (" + s.str() + ")");
     q_ = gpu::DeviceBuffer(q_bytes), kv_ = gpu::DeviceBuffer(2 * kv_bytes_), kv_next_ = gpu::DeviceBuffer(2 * kv_bytes_);
     o_ = gpu::DeviceBuffer(std::size_t(qh_ * L_ * d_) * 4), lse_ = gpu::DeviceBuffer(std::size_t(qh_ * L_) * 4);
