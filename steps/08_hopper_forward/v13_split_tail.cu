@@ -10,8 +10,9 @@
 // [b·W/G, (b+1)·W/G) of their W = r · (key blocks a tile), one or two pieces of tiles. A piece
 // that is not a whole tile leaves its O (not yet divided by ℓ), m and ℓ in a workspace and counts
 // itself in on its tile's counter; the piece that counts in last adds the others into its own,
-// as the online softmax adds a block, and stores the tile. Causal keeps v12's walk (its tiles
-// differ in length and the longest go first).
+// as the online softmax adds a block, and stores the tile. Only where the idle round would cost
+// a block at least kMinSaved key blocks (at N = 1024 a tile's 8 blocks leave too little to pay
+// for the pieces); causal keeps v12's walk (its tiles differ in length, the longest go first).
 #include <cuda_runtime.h>
 
 #include <algorithm>
