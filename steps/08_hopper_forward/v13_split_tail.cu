@@ -3,7 +3,7 @@
 // Why: not causal, every tile is the same work, and a grid of G thread blocks (one an SM) walks U
 // of them in ceil(U / G) rounds. On the grid's cells U = 2048 tiles at d = 128 (1024 pairs),
 // 1408 or 1376 at d = 64, where G = 132: 15.5, 10.7 and 10.4 rounds take 16, 11 and 11, so
-// 3–6 % of the SMs' time is idle at the end.
+// 3–5 % of the SMs' time is idle at the end.
 //
 // What changed: not causal, the walk gives each block R = floor(U / G) whole tiles, as v12, and
 // then an equal share of the keys of the r = U − R·G tiles left: block b takes key blocks
