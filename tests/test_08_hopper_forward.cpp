@@ -2,6 +2,7 @@
 // oracle and to rung 06's numerics twin (with this rung's block sizes) on ragged, causal and GQA
 // shapes; its GPU half runs where wgmma does (an H100 or H200 and a build for sm_90a) and says why
 // it is left out elsewhere. Here: that elsewhere is a refusal with a reason, never a wrong answer.
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -79,6 +80,28 @@ TEST(Hopper, SplitTailMatchesOracle) {
   }
   expect_cases_pass(*r, DType::BF16, cases[0]);
   expect_cases_pass(*r, DType::F16, cases[1]);
+}
+
+// Where v13 splits, the last piece of a tile to count in (which depends on timing) adds every
+// piece in the same order: O and lse have the same bits on every run of the same inputs.
+TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
+  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v13_split_tail", Backend::Cuda);
+  uint64_t seed = base_seed() + 3000;
+  for (const AttentionShape& s : {make_shape(1, 8, 2, 2100, 1500, 128, false), make_shape(1, 70, 70, 300, 1400, 64, false)}) {
+    SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
+    ForwardRun run(*r, s, DType::BF16, make_inputs(s, DType::BF16, seed++));
+    run.run();
+    const ForwardOutputs first = run.fetch();
+    int differ = 0;
+    for (int again = 1; again < 20; ++again) {
+      run.poison();
+      run.run();
+      const ForwardOutputs next = run.fetch();
+      differ += std::memcmp(first.o.data(), next.o.data(), first.o.size() * sizeof(float)) != 0 ||
+                std::memcmp(first.lse.data(), next.lse.data(), first.lse.size() * sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << differ << " of 19 runs differ from the first in some bit of O or lse";
+  }
 }
 
 // v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial

@@ -477,10 +477,17 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
         continue;
       }
       __threadfence();  // and the other pieces' slots are read after the count
-      // Add the other pieces in, as the online softmax adds a block: each side rescaled to the
-      // larger maximum.
+      // Add every piece's slot, its own too, in the order of their blocks into an empty state, as
+      // the online softmax adds a block (both sides rescaled to the larger maximum): the same bits
+      // whichever piece is last.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m[h] = -INFINITY, l[h] = 0.f;
+#pragma unroll
+      for (int pc = 0; pc < P; ++pc)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[pc][i] = 0.f;
       for (uint32_t b = first; b <= final_; ++b) {
-        if (b == blockIdx.x || sw.lo(b) >= sw.lo(b + 1)) continue;
+        if (sw.lo(b) >= sw.lo(b + 1)) continue;
         const float* other = slot_at(2 * int64_t(b) + (sw.lo(b) / sw.nb == uint32_t(w.left) ? 0 : 1));
         float fa[2], fo[2];
 #pragma unroll
