@@ -32,8 +32,8 @@
 //                panel, in the K buffer of the tile's last block, instead of 4-byte stores.
 //   v12_split_kv  K and V handed back to the producer apart: K once its Q·Kᵀ is done, a step
 //                before its V, so the next K is fetched earlier.
-//   v13_split_tail  not causal, the walk's last round split along the keys over every block,
-//                the pieces' partial results added by the last piece of each tile.
+//   v13_split_tail  not causal, the walk's last round split along the keys over every block
+//                where that saves enough, the pieces' partial results added by each tile's last.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -89,7 +89,7 @@ inline constexpr VersionInfo kVersions[] = {
      "after its P*V, so that K is fetched a step further ahead"},
     {Version::V13SplitTail, "08_hopper_forward/v13_split_tail",
      "v12 + without the causal mask, the walk's last round split along the keys over every thread block "
-     "(no SM idle at the end); each tile's last piece adds the others' partial results"},
+     "where that saves enough (no SM idle at the end); each tile's last piece adds every piece's partial result"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V13SplitTail) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");

@@ -7,12 +7,12 @@
 //
 // What changed: not causal, the walk gives each block R = floor(U / G) whole tiles, as v12, and
 // then an equal share of the keys of the r = U − R·G tiles left: block b takes key blocks
-// [b·W/G, (b+1)·W/G) of their W = r · (key blocks a tile), one or two pieces of tiles. A piece
+// [b·W/G, (b+1)·W/G) of their W = r · (key blocks a tile), none, one or two pieces. A piece
 // that is not a whole tile leaves its O (not yet divided by ℓ), m and ℓ in a workspace and counts
-// itself in on its tile's counter; the piece that counts in last adds the others into its own,
+// itself in on its tile's counter; the piece that counts in last adds them all in block order,
 // as the online softmax adds a block, and stores the tile. Only where the idle round would cost
-// a block at least kMinSaved key blocks (at N = 1024 a tile's 8 blocks leave too little to pay
-// for the pieces); causal keeps v12's walk (its tiles differ in length, the longest go first).
+// a block at least kMinSaved key blocks more than its share of the split (at N = 1024 a tile's 8
+// blocks leave too little to pay for the pieces); causal keeps v12's walk.
 #include <cuda_runtime.h>
 
 #include <algorithm>
