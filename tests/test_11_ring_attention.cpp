@@ -391,6 +391,37 @@ TEST(RingAttentionGpu, OneGpuRingMatchesTheOracleAndTheTwin) {
           }
 }
 
+// Steps whose shape splits rung 08 v13's last round (a workspace) where the whole causal step's
+// shape does not: N = 4200, two ranks, d = 128. Contiguous, rank 1's second step is 2100 × 2100
+// unmasked (136 tiles on 132 SMs: a tail of 4, split); zigzag, its half steps split too. Each rank
+// sizes its workspace over every step (ring::step_workspace_bytes), else the split step overruns it.
+TEST(RingAttentionGpu, OneGpuRingWhoseStepsSplitMatchesTheOracle) {
+  if (!gpu::available()) GTEST_SKIP() << skip_reason(Backend::Cuda);
+  uint64_t seed = base_seed() + 800;
+  for (Sharding sh : {Sharding::Contiguous, Sharding::Zigzag}) {
+    const RingShape s = ring_shape(8, 2, 4200, 128, true, 2, sh);
+    const DType t = DType::BF16;
+    SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed) + " local " + ring::gpu_local_rung(t).name());
+    const Inputs in = make_inputs(s.attn, t, seed++);
+    const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+    gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()),
+        dlse(std::size_t(s.attn.lse_elems()) * sizeof(float));
+    dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+    dout.poison(), dlse.poison();
+    ring::gpu_ring_forward_local(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
+                                 nullptr);
+    std::vector<unsigned char> o(q.size());
+    ForwardOutputs out;
+    out.lse.resize(std::size_t(s.attn.lse_elems()));
+    dout.download(o.data(), o.size());
+    dlse.download(out.lse.data(), out.lse.size() * sizeof(float));
+    out.o = from_storage(o, t);
+    const ForwardCheck c = check_forward(s.attn, t, out, reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data()));
+    EXPECT_TRUE(c.pass) << c.str();
+    EXPECT_LE(c.lse.max_abs, 1e-3) << "lse " << c.lse.str();
+  }
+}
+
 // ---- Across GPUs: v2_nccl, one rank a GPU ------------------------------------------------------
 
 #if FLASH_LADDER_HAS_NCCL

@@ -32,6 +32,8 @@ void dispatch(Version v, const AttentionShape& s, DType t, const ForwardArgs& a)
   if (!is_aligned(a.q, 16) || !is_aligned(a.k, 16) || !is_aligned(a.v, 16) || !is_aligned(a.o, 16))
     throw InputError(who + "q, k, v and o must be 16-byte aligned (the kernel moves them in 16-byte pieces); "
                      "cudaMalloc and PyTorch allocations are");
+  if (a.workspace && !is_aligned(a.workspace, 16))
+    throw InputError(who + "the workspace must be 16-byte aligned (its slots are written in 16-byte lines)");
   dispatch_16bit<Launch, 64, 128>(who, t, s.head_dim, s, a);
 }
 

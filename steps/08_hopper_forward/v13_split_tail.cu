@@ -635,6 +635,9 @@ struct Launch {
     float* parts = nullptr;
     int* counts = nullptr;
     if (plan.split) {
+      if (!a.workspace)  // Rung::check refuses it first; a direct call of forward() may not have
+        throw InputError("rung 08_hopper_forward/v13_split_tail (cuda): this shape splits its last round and needs "
+                         "a workspace of workspace_bytes() bytes (sized for the current GPU's SM count)");
       parts = static_cast<float*>(a.workspace);
       counts = reinterpret_cast<int*>(static_cast<unsigned char*>(a.workspace) + plan.parts_bytes());
       FL_CUDA_CHECK(cudaMemsetAsync(counts, 0, plan.bytes() - plan.parts_bytes(), as_stream(a.stream)));

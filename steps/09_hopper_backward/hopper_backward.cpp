@@ -18,7 +18,8 @@ std::size_t workspace_bytes(const AttentionShape& s) {
 Capabilities capabilities(Version v) {
   Capabilities c = backward::capabilities(backward::Precision::TensorCore);
   c.deterministic_backward = info(v).deterministic;
-  c.workspace_what += ", and a 32-bit turn counter per Q block of 64 rows";
+  c.workspace_what += ", and a 32-bit turn counter per Q block of 64 rows (the forward's, where its forward "
+                      "needs one: rung 08's " + std::string(kForward) + ")";
   return c;
 }
 
