@@ -353,6 +353,25 @@ TEST(RingAttention, RefusesBadCallsBeforeAnyWork) {
 
 // ---- On the GPU: v1_ring, every rank on one GPU ------------------------------------------------
 
+// The ring of ranks on one GPU (gpu_ring_forward_local) on `in`: O and lse as fp32, the outputs
+// poisoned before the call.
+ForwardOutputs one_gpu_ring(const RingShape& s, DType t, const Inputs& in) {
+  const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
+  gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()),
+      dlse(std::size_t(s.attn.lse_elems()) * sizeof(float));
+  dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
+  dout.poison(), dlse.poison();
+  ring::gpu_ring_forward_local(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
+                               nullptr);
+  std::vector<unsigned char> o(q.size());
+  ForwardOutputs out;
+  out.lse.resize(std::size_t(s.attn.lse_elems()));
+  dout.download(o.data(), o.size());
+  dlse.download(out.lse.data(), out.lse.size() * sizeof(float));
+  out.o = from_storage(o, t);
+  return out;
+}
+
 // The ring of ranks on one GPU, each step the GPU's fastest forward: against the oracle, and no
 // worse than twice the twin ring's error on the same inputs (the rule a GPU rung meets against its
 // twin). N = 480 gives chunks of 240, 120, 80 and 60 keys: not multiples of the kernels' blocks.
@@ -369,19 +388,7 @@ TEST(RingAttentionGpu, OneGpuRingMatchesTheOracleAndTheTwin) {
             SCOPED_TRACE(s.str() + " " + dtype_name(t) + " seed=" + std::to_string(seed) + " local " +
                          ring::gpu_local_rung(t).name());
             const Inputs in = make_inputs(s.attn, t, seed++);
-            const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
-            gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()),
-                dlse(std::size_t(s.attn.lse_elems()) * sizeof(float));
-            dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
-            dout.poison(), dlse.poison();
-            ring::gpu_ring_forward_local(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
-                                         nullptr);
-            std::vector<unsigned char> o(q.size());
-            ForwardOutputs out;
-            out.lse.resize(std::size_t(s.attn.lse_elems()));
-            dout.download(o.data(), o.size());
-            dlse.download(out.lse.data(), out.lse.size() * sizeof(float));
-            out.o = from_storage(o, t);
+            const ForwardOutputs out = one_gpu_ring(s, t, in);
             const ReferenceForward ref = reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data());
             const ForwardCheck c = check_forward(s.attn, t, out, ref);
             EXPECT_TRUE(c.pass) << c.str();
@@ -403,19 +410,7 @@ TEST(RingAttentionGpu, OneGpuRingWhoseStepsSplitMatchesTheOracle) {
     const DType t = DType::BF16;
     SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed) + " local " + ring::gpu_local_rung(t).name());
     const Inputs in = make_inputs(s.attn, t, seed++);
-    const std::vector<unsigned char> q = to_storage(in.q, t), k = to_storage(in.k, t), v = to_storage(in.v, t);
-    gpu::DeviceBuffer dq(q.size()), dk(k.size()), dv(v.size()), dout(q.size()),
-        dlse(std::size_t(s.attn.lse_elems()) * sizeof(float));
-    dq.upload(q.data(), q.size()), dk.upload(k.data(), k.size()), dv.upload(v.data(), v.size());
-    dout.poison(), dlse.poison();
-    ring::gpu_ring_forward_local(s, t, dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
-                                 nullptr);
-    std::vector<unsigned char> o(q.size());
-    ForwardOutputs out;
-    out.lse.resize(std::size_t(s.attn.lse_elems()));
-    dout.download(o.data(), o.size());
-    dlse.download(out.lse.data(), out.lse.size() * sizeof(float));
-    out.o = from_storage(o, t);
+    const ForwardOutputs out = one_gpu_ring(s, t, in);
     const ForwardCheck c = check_forward(s.attn, t, out, reference_forward(s.attn, in.q.data(), in.k.data(), in.v.data()));
     EXPECT_TRUE(c.pass) << c.str();
     EXPECT_LE(c.lse.max_abs, 1e-3) << "lse " << c.lse.str();
