@@ -33,7 +33,8 @@ void dispatch(Version v, const AttentionShape& s, DType t, const ForwardArgs& a)
     throw InputError(who + "q, k, v and o must be 16-byte aligned (the kernel moves them in 16-byte pieces); "
                      "cudaMalloc and PyTorch allocations are");
   if (a.workspace && !is_aligned(a.workspace, 16))
-    throw InputError(who + "the workspace must be 16-byte aligned (its slots are written in 16-byte lines)");
+    throw InputError(who + "the workspace must be 16-byte aligned, as q, k, v and o are; allocate it with cudaMalloc or as a "
+                     "PyTorch tensor");
   dispatch_16bit<Launch, 64, 128>(who, t, s.head_dim, s, a);
 }
 

@@ -18,8 +18,8 @@ std::size_t workspace_bytes(const AttentionShape& s) {
 Capabilities capabilities(Version v) {
   Capabilities c = backward::capabilities(backward::Precision::TensorCore);
   c.deterministic_backward = info(v).deterministic;
-  c.workspace_what += ", and a 32-bit turn counter per Q block of 64 rows (the forward's, where its forward "
-                      "needs one: rung 08's " + std::string(kForward) + ")";
+  c.workspace_what += ", and a 32-bit turn counter per Q block of 64 rows; for the forward, whatever rung 08's " +
+                      std::string(kForward) + " needs (a split last round's partial results)";
   return c;
 }
 
