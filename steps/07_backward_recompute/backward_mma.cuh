@@ -197,9 +197,9 @@ __global__ void convert_dq_kernel(const float* __restrict__ acc, T* __restrict__
 
 // The three kernels of a backward call, on the call's stream: D and dQ's zeroed accumulator, the
 // version's main kernel (threads, keys per block and shared memory from its configuration; `extra`
-// arguments after the common ones), and dQ = scale · accumulator in the dtype.
+// arguments after the common ones) on `grid`, and dQ = scale · accumulator in the dtype.
 template <class T, int D, class Kernel, class... Extra>
-void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, int threads, int block_keys,
+void run_kernels(dim3 grid, const AttentionShape& s, const BackwardArgs& a, Kernel kernel, int threads,
                  std::size_t smem_bytes, Extra... extra) {
   const cudaStream_t stream = as_stream(a.stream);
   unsigned char* ws = static_cast<unsigned char*>(a.workspace);
@@ -212,7 +212,6 @@ void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, 
 
   static_assert(sizeof(T) == 2, "kSmemBytes counts 16-bit tiles");
   FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-  const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, block_keys)), unsigned(s.kv_heads), unsigned(s.batch));
   const float scale = s.softmax_scale();
   kernel<<<grid, threads, smem_bytes, stream>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k), static_cast<const T*>(a.v),
@@ -224,6 +223,13 @@ void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, 
   const unsigned blocks = unsigned(std::min<int64_t>(ceil_div<int64_t>(n8, 256), 132 * 32));
   convert_dq_kernel<T><<<blocks, 256, 0, stream>>>(acc, static_cast<T*>(a.dq), n8, scale);
   FL_CUDA_CHECK_LAUNCH();
+}
+// The usual grid: a thread block for each K/V block of `block_keys` keys (x), KV head (y) and batch (z).
+template <class T, int D, class Kernel, class... Extra>
+void run_kernels(const AttentionShape& s, const BackwardArgs& a, Kernel kernel, int threads, int block_keys,
+                 std::size_t smem_bytes, Extra... extra) {
+  const dim3 grid(unsigned(ceil_div<int64_t>(s.seq_k, block_keys)), unsigned(s.kv_heads), unsigned(s.batch));
+  run_kernels<T, D>(grid, s, a, kernel, threads, smem_bytes, extra...);
 }
 
 // Launch::run<T, D>(v, s, a) for the call's dtype and head dim, after the checks every version's

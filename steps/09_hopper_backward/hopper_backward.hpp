@@ -36,6 +36,8 @@
 //                     8 columns (8 a step), not a bulk reduction per pair of rows (64).
 //   v15_rotated_stores v14 whose warps store dQ's share at d = 128 without bank conflicts: odd
 //                     rows store their column groups in a rotated order.
+//   v16_split_tail    v15 whose last wave's K/V blocks, not causal and not in the deterministic
+//                     mode, are cut into pieces along their Q steps, so that no SM idles at the end.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -53,7 +55,8 @@
 namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
-                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds, V15RotatedStores };
+                     V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds, V15RotatedStores,
+                     V16SplitTail };
 
 struct VersionInfo {
   Version version;
@@ -115,11 +118,17 @@ inline constexpr VersionInfo kVersions[] = {
      "v14 + dQ's share stored at d = 128 without bank conflicts: a thread of an odd row writes its column groups "
      "two blocks on (16 banks), where the two rows of a staging pair, d floats apart, met in the same banks",
      true},
+    {Version::V16SplitTail, "09_hopper_backward/v16_split_tail",
+     "v15 + not causal and not deterministic, the last wave's K/V blocks cut into 2-4 pieces along their Q steps, "
+     "one a thread block; each piece's dK and dV to a slot, the last piece adds them in piece order and stores",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V15RotatedStores) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V16SplitTail) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
-inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
+// On trial (branch wip/09-v16-split-tail, not yet run on a GPU): v16_split_tail is not kNewest
+// until it has been measured; back to kVersions[std::size(kVersions) - 1].name then.
+inline constexpr const char* kNewest = info(Version::V15RotatedStores).name;
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
@@ -155,14 +164,16 @@ Capabilities capabilities(Version v);
 // the kernels cannot run on this machine (empty when they can).
 using KernelFn = void (*)(Version, const AttentionShape&, DType, const BackwardArgs&);
 using WhyNotFn = std::string (*)();
+using WorkspaceFn = std::size_t (*)(const AttentionShape&, DType);  // a version's backward workspace; null: the rung's
 
 // One version on either backend: rung 07's twin with B_c = 128 (hopper_backward.cpp registers one
 // per version), or the version's kernels. The forward is rung 08's (kForward), on the same backend.
 template <Backend B>
 class HopperBackwardRung final : public Rung {
  public:
-  explicit HopperBackwardRung(Version v, KernelFn kernel = nullptr, WhyNotFn why_not = nullptr)
-      : v_(v), kernel_(kernel), why_not_(why_not) {}
+  explicit HopperBackwardRung(Version v, KernelFn kernel = nullptr, WhyNotFn why_not = nullptr,
+                              WorkspaceFn workspace = nullptr)
+      : v_(v), kernel_(kernel), why_not_(why_not), workspace_(workspace) {}
   std::string name() const override { return info(v_).name; }
   std::string idea() const override { return info(v_).idea; }
   Backend backend() const override { return B; }
@@ -171,8 +182,10 @@ class HopperBackwardRung final : public Rung {
   std::size_t workspace_bytes(const AttentionShape& s, DType t) const override {
     return forward_rung().workspace_bytes(s, t);
   }
-  std::size_t backward_workspace_bytes(const AttentionShape& s, DType) const override {
-    return hopper_backward::workspace_bytes(s);
+  // The rung's workspace, or a version's own (v16's split tail, sized for the current GPU's SM
+  // count) where it has one and its kernels can run here.
+  std::size_t backward_workspace_bytes(const AttentionShape& s, DType t) const override {
+    return workspace_ && unavailable().empty() ? workspace_(s, t) : hopper_backward::workspace_bytes(s);
   }
   IoModel modelled_backward_io(const AttentionShape& s, DType t) const override { return backward::io_model(s, t, kBc); }
   IoModel modelled_io(const AttentionShape& s, DType t) const override { return forward_rung().modelled_io(s, t); }
@@ -193,6 +206,7 @@ class HopperBackwardRung final : public Rung {
   Version v_;
   KernelFn kernel_;
   WhyNotFn why_not_;
+  WorkspaceFn workspace_;
 };
 
 }  // namespace fl::hopper_backward

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "../07_backward_recompute/backward_mma.cuh"
 #include "../08_hopper_forward/wgmma.cuh"
@@ -27,11 +28,23 @@ void dispatch(Version v, const AttentionShape& s, DType t, const BackwardArgs& a
   backward::tc::dispatch_named<Launch>(info(v).name, v, s, t, a);
 }
 
+// A Launch's `static std::size_t backward_workspace_bytes(shape, dtype)`, where it has one (rung
+// 08's WorkspaceOf).
+template <class Launch, class = void>
+struct WorkspaceOf {
+  static constexpr WorkspaceFn fn = nullptr;
+};
+template <class Launch>
+struct WorkspaceOf<Launch, std::void_t<decltype(&Launch::backward_workspace_bytes)>> {
+  static constexpr WorkspaceFn fn = &Launch::backward_workspace_bytes;
+};
+
 // Adds version v's kernels to the registry at program start.
 template <class Launch>
 struct RegisterKernel {
   explicit RegisterKernel(Version v) {
-    Registry::instance().add(std::make_unique<HopperBackwardRung<Backend::Cuda>>(v, &dispatch<Launch>, &why_not_here));
+    Registry::instance().add(std::make_unique<HopperBackwardRung<Backend::Cuda>>(v, &dispatch<Launch>, &why_not_here,
+                                                                                 WorkspaceOf<Launch>::fn));
   }
 };
 
