@@ -3,6 +3,7 @@
 // key), GQA shapes, both head dims, fp16 and bf16; the deterministic mode's bits the same on every
 // run; the twin's traffic pinned to rung 07's closed form; and off Hopper, a refusal with a reason.
 #include <cstring>
+#include <iostream>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -86,6 +87,65 @@ TEST_P(HopperBackwardDeterministic, GpuDeterministicModeGivesTheSameBitsEveryRun
       }
       EXPECT_EQ(differ, 0) << differ << " of 9 runs differ from the first in some bit of dQ, dK or dV";
     }
+}
+
+// v16_split_tail cuts the last wave's K/V blocks (not causal, the default mode) into k pieces
+// along their Q steps. On 132 SMs each of these splits (the plan's choice in brackets): 136 K/V
+// blocks, 4 left (k = 2, 3, 4 by the steps a block has), and 140, 8 left (k = 4); d = 64 and 128,
+// GQA and not, ragged Nq and Nk, a batch of 2, pieces of 4 to 6 steps.
+std::vector<AttentionShape> split_tail_shapes() {
+  return {make_shape(1, 34, 17, 700, 1024, 128, false),   // 22 steps: k = 4
+          make_shape(1, 34, 17, 700, 1024, 64, false),    // 12 steps: k = 3
+          make_shape(1, 20, 10, 1000, 1700, 64, false),   // 16 steps: k = 4
+          make_shape(2, 17, 17, 600, 500, 128, false)};   // 10 steps: k = 2
+}
+constexpr const char* kSplitTail = "09_hopper_backward/v16_split_tail";
+
+// The split asks for more workspace than v15 (its slots and counters): on 132 SMs every shape here
+// must (else this test would check v15's path again).
+void expect_split_on_132_sms(const Rung& r) {
+  if (gpu::sm_count() == 132) {
+    const Rung* v15 = Registry::instance().find(hopper_backward::info(hopper_backward::Version::V15RotatedStores).name,
+                                                Backend::Cuda);
+    ASSERT_NE(v15, nullptr);
+    for (const AttentionShape& s : split_tail_shapes())
+      EXPECT_GT(r.backward_workspace_bytes(s, DType::BF16), v15->backward_workspace_bytes(s, DType::BF16))
+          << s.str() << " does not split";
+  } else {
+    std::cout << "[   NOTE   ] this GPU has " << gpu::sm_count() << " SMs, not 132: some of these shapes may not "
+              << "split here, and where they do not, this test checks v15's path again\n";
+  }
+}
+
+TEST(HopperBackward, SplitTailGpuGradientsMatchTheOracleAndTheTwin) {
+  FL_RUNG_OR_SKIP(r, kSplitTail, Backend::Cuda);
+  expect_split_on_132_sms(*r);
+  // Each shape once, the dtypes taking turns (the split does not depend on the dtype).
+  uint64_t seed = base_seed() + 4000;
+  int n = 0;
+  for (const AttentionShape& s : split_tail_shapes())
+    expect_gpu_backward_matches_oracle_and_twin(kSplitTail, n++ % 2 ? DType::BF16 : DType::F16, s, seed += 2);
+}
+
+// The pieces' dK and dV are added in piece order, whichever piece comes last: the default mode
+// gives the same bits of dK and dV on every run of a split shape (dQ's additions still arrive in
+// an order that changes from run to run, as in v15).
+TEST(HopperBackward, SplitTailGivesTheSameDkAndDvBitsEveryRun) {
+  FL_RUNG_OR_SKIP(r, kSplitTail, Backend::Cuda);
+  expect_split_on_132_sms(*r);
+  uint64_t seed = base_seed() + 5000;
+  const AttentionShape s = split_tail_shapes()[0];
+  const DType t = DType::BF16;
+  SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
+  const Inputs in = make_inputs(s, t, seed++);
+  const BackwardInputs bin = make_backward_inputs(s, t, in, seed++);
+  const BackwardOutputs first = run_backward(*r, s, t, in, bin, nullptr, false);
+  int differ = 0;
+  for (int run = 1; run < 10; ++run) {
+    const BackwardOutputs again = run_backward(*r, s, t, in, bin, nullptr, false);
+    differ += !same_bits(first.dk, again.dk) || !same_bits(first.dv, again.dv);
+  }
+  EXPECT_EQ(differ, 0) << differ << " of 9 runs differ from the first in some bit of dK or dV";
 }
 
 // v6's launch order in the deterministic mode, for group sizes any GPU may give: every (pair, rank)

@@ -566,8 +566,15 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   __syncwarp();
   {
     const int kr = key0 + lane % 16, which = lane / 16;
-    if (j0 + kr < nk)
-      bulk_store((which ? dv : dk) + (kv_row0 + j0 + kr) * D,
+    // kSplit: the block's first key and its row in [B·Hkv·Nk] worked out again from blockIdx, so
+    // that no 64-bit value stays in registers through the steps (ptxas spilled one at d = 64).
+    int64_t first_key = j0, first_row = kv_row0 + j0;
+    if constexpr (kSplit) {
+      const unsigned unit = piece_of() < 0 ? blockIdx.x : unsigned(sg.whole + piece_of() / sg.k);
+      first_key = int64_t(unit % unsigned(sg.n_kv)) * BC, first_row = int64_t(unit / unsigned(sg.n_kv)) * nk + first_key;
+    }
+    if (first_key + kr < nk)
+      bulk_store((which ? dv : dk) + (first_row + kr) * D,
                  smem_u32(out + (which * BC + kr) * C::kOutRow), uint32_t(D * sizeof(T)));
     bulk_commit();
     bulk_wait_read();  // the copies have read shared memory before the block ends
