@@ -265,9 +265,6 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     if (wr >= C::kWriters) return;
     const int64_t n_qb = ceil_div<int64_t>(nq, BR);
     int* const head_turns = turns + (int64_t(b) * heads + int64_t(kvh) * group) * n_qb;
-    // kSplit: the group's first query head in [B·H] worked out once: in the 1D grid b and kvh are
-    // divisions of blockIdx.x, not registers ptxas can read again at no cost, and a writer has 24.
-    const int slice0 = int(b) * heads + int(kvh) * group;
     // Writer wr takes every kWriters-th step from step wr, and with it staging tile wr.
     int h = h_first, ib = ib_first;
     const auto next = [&] {  // the walk's next step: the next Q block, or the group's next head
@@ -293,7 +290,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       if constexpr (C::kTensorAdds) {  // lane l adds panel l (columns 8l..) of the tile
         if (lane < D / C::kPanel)
           tensor_add(tdq, smem_u32(dQs + sb * C::kTileFloats + lane * BR * C::kPanel), C::kPanel * lane, int(i0),
-                     (kSplit ? slice0 : int(b) * heads + int(kvh) * group) + h);
+                     int(b) * heads + int(kvh) * group + h);
       } else {  // lane l adds pairs l, l + 32, ... of the tile's rows, the rows that exist
 #pragma unroll
         for (int pr = lane; pr < BR / 2; pr += 32) {
