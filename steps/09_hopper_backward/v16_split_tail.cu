@@ -14,7 +14,9 @@
 // unchanged. Its dK and dV are partial sums, which add without rescaling: a piece writes them in
 // fp32 to a slot of its own, counts itself in on its K/V block's counter, and the piece that counts
 // in last adds all k slots in piece order (the same bits whichever piece is last) and runs v15's
-// epilogue. Elsewhere v15's launch and kernel, unchanged.
+// epilogue. Elsewhere v15's launch and kernel, unchanged. The split kernel (kSplit) keeps v15's
+// registers: causal is a constant false there, and the epilogue works out the K/V block's first
+// row again from blockIdx rather than keep it through the steps (ptxas spilled it at d = 64).
 #include "../08_hopper_forward/tma.cuh"
 #include "launch.cuh"
 
