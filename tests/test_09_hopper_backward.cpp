@@ -6,6 +6,7 @@
 #include <iostream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../steps/09_hopper_backward/hopper_backward.hpp"
@@ -146,6 +147,57 @@ TEST(HopperBackward, SplitTailGivesTheSameDkAndDvBitsEveryRun) {
     differ += !same_bits(first.dk, again.dk) || !same_bits(first.dv, again.dv);
   }
   EXPECT_EQ(differ, 0) << differ << " of 9 runs differ from the first in some bit of dK or dV";
+}
+
+// v16's split on the host: where it splits and into how many pieces (132 SMs: the grid's
+// non-causal cells, 2048 K/V blocks with 68 left, k = 3 at both head dims; 1 × 34 × 4096 at
+// d = 128, 1088 with 32 left, k = 4; whole waves, too few steps a piece, or a tail too long to
+// gain enough: no split), and for any shape that every piece's steps, walked from its start, cover
+// each step of the K/V block once and start where the whole walk would be.
+TEST(HopperBackward, SplitTailPlanSplitsWhereTheTailPays) {
+  EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 64), 3);   // d = 128: 4096 / 64 Q blocks a K/V block
+  EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 32), 3);   // d = 64
+  EXPECT_EQ(hopper_backward::split_pieces(1088, 132, 64), 4);
+  EXPECT_EQ(hopper_backward::split_pieces(1056, 132, 64), 1);   // whole waves
+  EXPECT_EQ(hopper_backward::split_pieces(132, 132, 64), 1);    // one wave
+  EXPECT_EQ(hopper_backward::split_pieces(100, 132, 64), 1);    // less than one
+  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 5), 1);     // a piece would have fewer than 4 steps
+  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 8), 2);
+  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 22), 4);
+  EXPECT_EQ(hopper_backward::split_pieces(263, 132, 64), 1);    // 131 left: no k brings the tail to 0.8
+  for (int64_t sms = 1; sms <= 140; ++sms)
+    for (int64_t units = 1; units <= 3 * sms; ++units)
+      if (const int k = hopper_backward::split_pieces(units, sms, 16); k > 1) {
+        EXPECT_TRUE(k <= 4 && 16 / k >= 4 && units > sms && units % sms > 0);
+        EXPECT_LE(5 * ((units % sms * k + sms - 1) / sms), 4 * k) << units << " on " << sms;
+      }
+}
+
+TEST(HopperBackward, SplitTailPiecesCoverEveryStepOnceFromWhereTheWalkIs) {
+  for (int n_ib = 1; n_ib <= 11; ++n_ib)
+    for (int group = 1; group <= 5; ++group)
+      for (int rot = 0; rot < n_ib; ++rot)
+        for (int k = 2; k <= 4; ++k) {
+          const int steps = group * n_ib;
+          if (steps / k < 1) continue;
+          SCOPED_TRACE("n_ib " + std::to_string(n_ib) + ", group " + std::to_string(group) + ", rot " +
+                       std::to_string(rot) + ", k " + std::to_string(k));
+          // The whole walk, as the kernel's next(): (h, ib) of every step.
+          std::vector<std::pair<int, int>> walk;
+          for (int h = 0, ib = rot, i = 0; i < steps; ++i) {
+            walk.push_back({h, ib});
+            ib = ib + 1 < n_ib ? ib + 1 : 0;
+            h = ib == rot ? h + 1 : h;
+          }
+          int at = 0;  // the pieces in order cover the walk in order
+          for (int piece = 0; piece < k; ++piece) {
+            const hopper_backward::PieceStart p = hopper_backward::piece_start(piece, k, steps, n_ib, rot);
+            ASSERT_GE(p.steps, 0);
+            if (p.steps > 0) EXPECT_EQ(std::make_pair(p.h, p.ib), walk[at]) << "piece " << piece;
+            at += p.steps;
+          }
+          EXPECT_EQ(at, steps);
+        }
 }
 
 // v6's launch order in the deterministic mode, for group sizes any GPU may give: every (pair, rank)

@@ -153,6 +153,35 @@ FL_HOST_DEVICE inline LaunchSlot ranks_first_slot(uint64_t at, int n_kv, uint64_
   return {unsigned(in / size), first + in % size};
 }
 
+// v16's split of the last wave (not causal, the default mode): `units` K/V blocks of `steps` steps
+// each on `sms` SMs leave r = units mod sms for a last wave; each is cut into k pieces, k of 2, 3 or
+// 4 with at least 4 steps a piece, the one whose pieces' waves take the least time,
+// ceil(r·k / sms) / k of a K/V block's (the smaller k on a tie), and only where that is at most 0.8
+// of one (a piece's fixed costs are not worth less). 1: no split. Functions of their own, as
+// ranks_first_slot, so that the CPU tests check them for any shape and SM count.
+FL_HOST_DEVICE inline int split_pieces(int64_t units, int64_t sms, int64_t steps) {
+  if (sms <= 0 || units <= sms || units % sms == 0) return 1;
+  const int64_t left = units % sms;
+  int k = 1;
+  int64_t best = 0;  // the tail is best / k of a K/V block's time
+  for (int kk = 2; kk <= 4; ++kk) {
+    const int64_t waves = (left * kk + sms - 1) / sms;
+    if (steps / kk >= 4 && (k == 1 || waves * k < best * kk)) k = kk, best = waves;
+  }
+  return k > 1 && 5 * best <= 4 * int64_t(k) ? k : 1;
+}
+// Piece `piece` of k of a K/V block's walk of `steps` steps over n_ib Q blocks from Q block rot:
+// steps [piece·steps / k, (piece+1)·steps / k), and the step it starts at, (h, ib) = (s0 / n_ib,
+// (rot + s0 mod n_ib) mod n_ib), where the walk (Q blocks rot, rot + 1, ... mod n_ib, the next
+// head after n_ib) is after s0 steps.
+struct PieceStart {
+  int steps, h, ib;
+};
+FL_HOST_DEVICE inline PieceStart piece_start(int piece, int k, int steps, int n_ib, int rot) {
+  const int s0 = int(int64_t(piece) * steps / k), s1 = int(int64_t(piece + 1) * steps / k);
+  return {s1 - s0, s0 / n_ib, (rot + s0 % n_ib) % n_ib};
+}
+
 // Device memory the backward adds: rung 07's (D, then dQ's fp32 accumulator), then one 32-bit turn
 // counter per (batch, query head, Q block of kBr rows), used by the deterministic mode.
 std::size_t workspace_bytes(const AttentionShape& s);

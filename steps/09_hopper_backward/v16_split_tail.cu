@@ -211,14 +211,12 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
                                                                  nq, nk, causal, unsigned(jb), !kDeterministic, kvh, b);
   const StepWalk<BR>& walk = tiles.walk;
   const int64_t j0 = walk.j0, kv_row0 = tiles.kv_row0, off = nk - nq;
-  // The block's steps: all of them, or a piece's [s0, s1) of the walk, started at step s0's
-  // (h, ib): the walk takes Q blocks rot, rot + 1, ... (mod n_ib) and the next head after n_ib.
+  // The block's steps: all of them, or a piece's share of the walk, from the step it starts at.
   int steps = tiles.steps, h_first = 0, ib_first = walk.rot;
   if constexpr (kSplit) {
     if (const int p = piece_of(); p >= 0) {
-      const int piece = p % sg.k;
-      const int s0 = int(int64_t(piece) * tiles.steps / sg.k), s1 = int(int64_t(piece + 1) * tiles.steps / sg.k);
-      steps = s1 - s0, h_first = s0 / walk.n_ib, ib_first = (walk.rot + s0 % walk.n_ib) % walk.n_ib;
+      const PieceStart ps = piece_start(p % sg.k, sg.k, tiles.steps, walk.n_ib, walk.rot);
+      steps = ps.steps, h_first = ps.h, ib_first = ps.ib;
     }
   }
   if (threadIdx.x == 0) {
@@ -586,11 +584,9 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 // ---- launcher ---------------------------------------------------------------------------------
 
 // The launch a call takes: v15's 3D grid, or, not causal and not in the deterministic mode, the
-// last wave's r = U mod G K/V blocks (U of them, G SMs) each cut into k pieces along their S steps.
-// k of 2, 3 or 4 with at least 4 steps a piece, the one whose pieces' waves take the least time,
-// ceil(r·k / G) / k of a K/V block's (the smallest k on a tie), and only where that is at most 0.8
-// of one: a piece's fixed costs (K and V loaded again, its Q pipeline started, its slot written and
-// read) are not worth a smaller saving. The same on the host for the workspace and for the launch.
+// last wave's r = U mod G K/V blocks (U of them, G SMs) each cut into k pieces along their S steps
+// (split_pieces says where and k; a piece's fixed costs are K and V loaded again, its Q pipeline
+// started, its slot written and read). The same on the host for the workspace and for the launch.
 template <int D>
 struct Plan {
   bool split = false;
@@ -601,14 +597,9 @@ struct Plan {
     n_kv = ceil_div<int64_t>(s.seq_k, Cfg<D>::BC);
     units = n_kv * s.kv_heads * s.batch;
     left = sms > 0 ? units % sms : 0;
-    if (s.causal || deterministic || sms <= 0 || units <= sms || left == 0) return;
-    const int64_t steps = s.group() * ceil_div<int64_t>(s.seq_q, Cfg<D>::BR);
-    int64_t best_waves = 0;  // the tail is best_waves / k of a K/V block's time
-    for (int kk = 2; kk <= 4; ++kk) {
-      const int64_t waves = ceil_div<int64_t>(left * kk, sms);
-      if (steps / kk >= 4 && (!split || waves * k < best_waves * kk)) split = true, k = kk, best_waves = waves;
-    }
-    split = split && 5 * best_waves <= 4 * int64_t(k) && blocks() <= INT32_MAX;  // the tail ≤ 0.8; a 1D grid
+    if (s.causal || deterministic) return;
+    k = split_pieces(units, sms, s.group() * ceil_div<int64_t>(s.seq_q, Cfg<D>::BR));
+    split = k > 1 && blocks() <= INT32_MAX;  // a 1D grid
     if (!split) k = 1;
   }
   int64_t blocks() const { return units - left + left * k; }  // the 1D grid's, where split
