@@ -92,13 +92,13 @@ TEST_P(HopperBackwardDeterministic, GpuDeterministicModeGivesTheSameBitsEveryRun
 
 // v16_split_tail cuts the last wave's K/V blocks (not causal, the default mode) into k pieces
 // along their Q steps. On 132 SMs each of these splits (the plan's choice in brackets): 136 K/V
-// blocks, 4 left (k = 2, 3, 4 by the steps a block has), and 140, 8 left (k = 4); d = 64 and 128,
-// GQA and not, ragged Nq and Nk, a batch of 2, pieces of 4 to 6 steps.
+// blocks, 4 left, and 140, 8 left (k = 2, 3, 4 by the steps a block has); d = 64 and 128, GQA and
+// not, ragged Nq and Nk, a batch of 2, pieces of 8 or 9 steps (at least kMinPieceSteps).
 std::vector<AttentionShape> split_tail_shapes() {
-  return {make_shape(1, 34, 17, 700, 1024, 128, false),   // 22 steps: k = 4
-          make_shape(1, 34, 17, 700, 1024, 64, false),    // 12 steps: k = 3
-          make_shape(1, 20, 10, 1000, 1700, 64, false),   // 16 steps: k = 4
-          make_shape(2, 17, 17, 600, 500, 128, false)};   // 10 steps: k = 2
+  return {make_shape(1, 34, 17, 1100, 1024, 128, false),  // 36 steps: k = 4
+          make_shape(1, 34, 17, 1100, 1024, 64, false),   // 18 steps: k = 2
+          make_shape(1, 20, 10, 1600, 1700, 64, false),   // 26 steps: k = 3
+          make_shape(2, 17, 17, 1100, 500, 128, false)};  // 18 steps: k = 2
 }
 constexpr const char* kSplitTail = "09_hopper_backward/v16_split_tail";
 
@@ -150,10 +150,10 @@ TEST(HopperBackward, SplitTailGivesTheSameDkAndDvBitsEveryRun) {
 }
 
 // v16's split on the host: where it splits and into how many pieces (132 SMs: the grid's
-// non-causal cells, 2048 K/V blocks with 68 left, k = 3 at both head dims; 1 × 34 × 4096 at
-// d = 128, 1088 with 32 left, k = 4; whole waves, too few steps a piece, or a tail too long to
-// gain enough: no split), and for any shape that every piece's steps, walked from its start, cover
-// each step of the K/V block once and start where the whole walk would be.
+// non-causal cells at N >= 4096, 2048 K/V blocks with 68 left, k = 3 at both head dims; 1 × 34 ×
+// 4096 at d = 128, 1088 with 32 left, k = 4; whole waves, too few steps a piece (N = 1024), or a
+// tail too long to gain enough: no split), and for any shape that every piece's steps, walked
+// from its start, cover each step of the K/V block once and start where the whole walk would be.
 TEST(HopperBackward, SplitTailPlanSplitsWhereTheTailPays) {
   EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 64), 3);   // d = 128: 4096 / 64 Q blocks a K/V block
   EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 32), 3);   // d = 64
@@ -161,14 +161,17 @@ TEST(HopperBackward, SplitTailPlanSplitsWhereTheTailPays) {
   EXPECT_EQ(hopper_backward::split_pieces(1056, 132, 64), 1);   // whole waves
   EXPECT_EQ(hopper_backward::split_pieces(132, 132, 64), 1);    // one wave
   EXPECT_EQ(hopper_backward::split_pieces(100, 132, 64), 1);    // less than one
-  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 5), 1);     // a piece would have fewer than 4 steps
-  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 8), 2);
-  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 22), 4);
+  EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 16), 1);   // N = 1024, d = 128: pieces of 5 steps
+  EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 8), 1);    // N = 1024, d = 64
+  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 15), 1);    // a piece would have fewer than 8 steps
+  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 16), 2);
+  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 26), 3);
+  EXPECT_EQ(hopper_backward::split_pieces(136, 132, 36), 4);
   EXPECT_EQ(hopper_backward::split_pieces(263, 132, 64), 1);    // 131 left: no k brings the tail to 0.8
   for (int64_t sms = 1; sms <= 140; ++sms)
     for (int64_t units = 1; units <= 3 * sms; ++units)
-      if (const int k = hopper_backward::split_pieces(units, sms, 16); k > 1) {
-        EXPECT_TRUE(k <= 4 && 16 / k >= 4 && units > sms && units % sms > 0);
+      if (const int k = hopper_backward::split_pieces(units, sms, 32); k > 1) {
+        EXPECT_TRUE(k <= 4 && 32 / k >= hopper_backward::kMinPieceSteps && units > sms && units % sms > 0);
         EXPECT_LE(5 * ((units % sms * k + sms - 1) / sms), 4 * k) << units << " on " << sms;
       }
 }

@@ -126,9 +126,7 @@ inline constexpr VersionInfo kVersions[] = {
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V16SplitTail) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
-// On trial (branch wip/09-v16-split-tail, not yet run on a GPU): v16_split_tail is not kNewest
-// until it has been measured; back to kVersions[std::size(kVersions) - 1].name then.
-inline constexpr const char* kNewest = info(Version::V15RotatedStores).name;
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
@@ -155,10 +153,14 @@ FL_HOST_DEVICE inline LaunchSlot ranks_first_slot(uint64_t at, int n_kv, uint64_
 
 // v16's split of the last wave (not causal, the default mode): `units` K/V blocks of `steps` steps
 // each on `sms` SMs leave r = units mod sms for a last wave; each is cut into k pieces, k of 2, 3 or
-// 4 with at least 4 steps a piece, the one whose pieces' waves take the least time,
+// 4 with at least kMinPieceSteps steps a piece, the one whose pieces' waves take the least time,
 // ceil(r·k / sms) / k of a K/V block's (the smaller k on a tie), and only where that is at most 0.8
 // of one (a piece's fixed costs are not worth less). 1: no split. Functions of their own, as
 // ranks_first_slot, so that the CPU tests check them for any shape and SM count.
+// A piece's fixed costs (K and V loaded again, its Q pipeline started, its slot written and read)
+// want steps to repay them: pieces of 5 steps (N = 1024, d = 128, k = 3) ran at 0.99x v15 in runs
+// 122 and 123, pieces of 10 and more level or ahead.
+inline constexpr int kMinPieceSteps = 8;
 FL_HOST_DEVICE inline int split_pieces(int64_t units, int64_t sms, int64_t steps) {
   if (sms <= 0 || units <= sms || units % sms == 0) return 1;
   const int64_t left = units % sms;
@@ -166,7 +168,7 @@ FL_HOST_DEVICE inline int split_pieces(int64_t units, int64_t sms, int64_t steps
   int64_t best = 0;  // the tail is best / k of a K/V block's time
   for (int kk = 2; kk <= 4; ++kk) {
     const int64_t waves = (left * kk + sms - 1) / sms;
-    if (steps / kk >= 4 && (k == 1 || waves * k < best * kk)) k = kk, best = waves;
+    if (steps / kk >= kMinPieceSteps && (k == 1 || waves * k < best * kk)) k = kk, best = waves;
   }
   return k > 1 && 5 * best <= 4 * int64_t(k) ? k : 1;
 }

@@ -189,6 +189,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   // Deterministic: the last K/V block first, each walking its Q blocks in order; the grid's blocks
   // in launch order take, group by group of group_heads (batch, KV head) pairs, rank 0 (the last
   // K/V block) of each pair of the group, then rank 1, ...
+  static_assert(!(kSplit && kDeterministic), "the mode's order needs v15's 3D grid (n_kv below is its x)");
   const int n_kv = int(gridDim.x);
   unsigned rank = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   // kSplit: block x < whole is unit x; after them, piece p % k of unit whole + p / k (p / k: its

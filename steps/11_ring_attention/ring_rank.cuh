@@ -114,10 +114,13 @@ class PhaseClock {
   std::string line_;
 };
 
-// The most workspace the local rung asks for over every step of every rank: each step's own
-// shape and mask decide it (rung 08's v13 needs one only where a non-causal walk splits its last
-// round, which a smaller or unmasked step can do where the whole causal step does not).
-inline std::size_t step_workspace_bytes(const Rung& local, const RingShape& s, DType t) {
+// The most a local rung asks for over every step of every rank (`need` of each step's own shape
+// and mask), at least 16 bytes. Rung 08's v13 needs a forward workspace only where a non-causal
+// walk splits its last round, and rung 09's v16 a larger backward one only where a non-causal
+// backward splits its last wave; a smaller or unmasked step can do that where the whole causal
+// step does not, and the bytes are not monotone in the shape (they follow the wave's remainder).
+template <class Need>
+inline std::size_t most_over_steps(const RingShape& s, Need need) {
   std::size_t ws = 16;
   for (int64_t rank = 0; rank < s.ranks; ++rank)
     for (int64_t step = 0; step < s.ranks; ++step) {
@@ -125,9 +128,15 @@ inline std::size_t step_workspace_bytes(const Rung& local, const RingShape& s, D
       if (pl.nq == 0) continue;
       AttentionShape a = s.attn;
       a.seq_q = pl.nq, a.seq_k = pl.nk, a.causal = pl.causal;
-      ws = std::max(ws, local.workspace_bytes(a, t));
+      ws = std::max(ws, need(a));
     }
   return ws;
+}
+inline std::size_t step_workspace_bytes(const Rung& local, const RingShape& s, DType t) {
+  return most_over_steps(s, [&](const AttentionShape& a) { return local.workspace_bytes(a, t); });
+}
+inline std::size_t step_backward_workspace_bytes(const Rung& local, const RingShape& s, DType t) {
+  return most_over_steps(s, [&](const AttentionShape& a) { return local.backward_workspace_bytes(a, t); });
 }
 
 // Device memory one rank holds (RankState's buffers), for a check before any of it is taken.

@@ -39,9 +39,7 @@ __global__ void add_rows(const T* __restrict__ part, float* __restrict__ acc, in
 std::size_t backward_bytes(const RingShape& s, DType t) {
   const int64_t L = s.local_len(), d = s.attn.head_dim, qh = s.attn.batch * s.attn.heads, kh = s.attn.batch * s.attn.kv_heads;
   const std::size_t e = dtype_bytes(t), q = std::size_t(qh * L * d), kv = std::size_t(kh * L * d);
-  AttentionShape whole_step = s.attn;
-  whole_step.seq_q = whole_step.seq_k = L;
-  const std::size_t ws = std::max<std::size_t>(16, gpu_local_backward_rung(t).backward_workspace_bytes(whole_step, t));
+  const std::size_t ws = step_backward_workspace_bytes(gpu_local_backward_rung(t), s, t);  // ring_rank.cuh
   return q * (4 * e + 4) + std::size_t(qh * L) * 4 + kv * (4 * e + 2 * 2 * 4) + ws;
 }
 
@@ -66,14 +64,12 @@ class KeptRank final : public NcclRank {
       flag_ = gpu::DeviceBuffer(sizeof(int));
       const int64_t L = s.local_len(), d = s.attn.head_dim;
       const std::size_t q = std::size_t(qh_ * L * d), kv = std::size_t(kh_ * L * d), e = sizeof(T);
-      AttentionShape whole_step = s.attn;
-      whole_step.seq_q = whole_step.seq_k = L;
       dq_ = gpu::DeviceBuffer(q * 4), dkv_ = gpu::DeviceBuffer(2 * kv * 4), dkv_next_ = gpu::DeviceBuffer(2 * kv * 4);
       sq_ = gpu::DeviceBuffer(q * e), so_ = gpu::DeviceBuffer(q * e), sdo_ = gpu::DeviceBuffer(q * e);
       sl_ = gpu::DeviceBuffer(std::size_t(qh_ * L) * 4), pdq_ = gpu::DeviceBuffer(q * e);
       sk_ = gpu::DeviceBuffer(kv * e), sv_ = gpu::DeviceBuffer(kv * e), pdk_ = gpu::DeviceBuffer(kv * e),
       pdv_ = gpu::DeviceBuffer(kv * e);
-      ws_ = gpu::DeviceBuffer(std::max<std::size_t>(16, bwd_.backward_workspace_bytes(whole_step, t)));
+      ws_ = gpu::DeviceBuffer(step_backward_workspace_bytes(bwd_, s, t));  // each step's own shape
       FL_CUDA_CHECK(cudaMemsetAsync(dkv_next_.get(), 0, dkv_next_.size(), st));  // what NCCL overwrites, initialised
       // The transfers' stream at the highest priority: the local forward's persistent grid takes
       // every SM for the whole step, so a transfer kernel not placed before it waits for the
