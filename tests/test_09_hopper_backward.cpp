@@ -90,15 +90,15 @@ TEST_P(HopperBackwardDeterministic, GpuDeterministicModeGivesTheSameBitsEveryRun
     }
 }
 
-// v16_split_tail cuts the last wave's K/V blocks (not causal, the default mode) into k pieces
-// along their Q steps. On 132 SMs each of these splits (the plan's choice in brackets): 136 K/V
-// blocks, 4 left, and 140, 8 left (k = 2, 3, 4 by the steps a block has); d = 64 and 128, GQA and
-// not, ragged Nq and Nk, a batch of 2, pieces of 8 or 9 steps (at least kMinPieceSteps).
+// v16_split_tail cuts the last wave's K/V blocks (not causal, the default mode, d = 128) into k
+// pieces along their Q steps. On 132 SMs each of these splits (the plan's choice in brackets): 136
+// K/V blocks, 4 left, and 140, 8 left (k = 2, 3, 4 by the steps a block has); GQA and not, ragged
+// Nq and Nk, a batch of 2, pieces of 8 or 9 steps (at least kMinPieceSteps).
 std::vector<AttentionShape> split_tail_shapes() {
   return {make_shape(1, 34, 17, 1100, 1024, 128, false),  // 36 steps: k = 4
-          make_shape(1, 34, 17, 1100, 1024, 64, false),   // 18 steps: k = 2
-          make_shape(1, 20, 10, 1600, 1700, 64, false),   // 26 steps: k = 3
-          make_shape(2, 17, 17, 1100, 500, 128, false)};  // 18 steps: k = 2
+          make_shape(2, 17, 17, 1600, 500, 128, false),   // 25 steps: k = 3
+          make_shape(1, 20, 10, 500, 1700, 128, false),   // 16 steps: k = 2
+          make_shape(2, 17, 17, 1099, 497, 128, false)};  // 18 steps: k = 2
 }
 constexpr const char* kSplitTail = "09_hopper_backward/v16_split_tail";
 
@@ -112,6 +112,10 @@ void expect_split_on_132_sms(const Rung& r) {
     for (const AttentionShape& s : split_tail_shapes())
       EXPECT_GT(r.backward_workspace_bytes(s, DType::BF16), v15->backward_workspace_bytes(s, DType::BF16))
           << s.str() << " does not split";
+    // d = 64 does not split (kSplits): the same shape there asks for v15's workspace.
+    const AttentionShape d64 = make_shape(1, 34, 17, 2100, 1024, 64, false);  // 34 steps: k = 4 by the count
+    EXPECT_GT(hopper_backward::split_pieces(136, 132, 34), 1);
+    EXPECT_EQ(r.backward_workspace_bytes(d64, DType::BF16), v15->backward_workspace_bytes(d64, DType::BF16));
   } else {
     std::cout << "[   NOTE   ] this GPU has " << gpu::sm_count() << " SMs, not 132: some of these shapes may not "
               << "split here, and where they do not, this test checks v15's path again\n";
@@ -196,7 +200,9 @@ TEST(HopperBackward, SplitTailPiecesCoverEveryStepOnceFromWhereTheWalkIs) {
           for (int piece = 0; piece < k; ++piece) {
             const hopper_backward::PieceStart p = hopper_backward::piece_start(piece, k, steps, n_ib, rot);
             ASSERT_GE(p.steps, 0);
-            if (p.steps > 0) EXPECT_EQ(std::make_pair(p.h, p.ib), walk[at]) << "piece " << piece;
+            if (p.steps > 0) {
+              EXPECT_EQ(std::make_pair(p.h, p.ib), walk[at]) << "piece " << piece;
+            }
             at += p.steps;
           }
           EXPECT_EQ(at, steps);

@@ -151,15 +151,15 @@ FL_HOST_DEVICE inline LaunchSlot ranks_first_slot(uint64_t at, int n_kv, uint64_
   return {unsigned(in / size), first + in % size};
 }
 
-// v16's split of the last wave (not causal, the default mode): `units` K/V blocks of `steps` steps
-// each on `sms` SMs leave r = units mod sms for a last wave; each is cut into k pieces, k of 2, 3 or
-// 4 with at least kMinPieceSteps steps a piece, the one whose pieces' waves take the least time,
-// ceil(r·k / sms) / k of a K/V block's (the smaller k on a tie), and only where that is at most 0.8
-// of one (a piece's fixed costs are not worth less). 1: no split. Functions of their own, as
-// ranks_first_slot, so that the CPU tests check them for any shape and SM count.
-// A piece's fixed costs (K and V loaded again, its Q pipeline started, its slot written and read)
-// want steps to repay them: pieces of 5 steps (N = 1024, d = 128, k = 3) ran at 0.99x v15 in runs
-// 122 and 123, pieces of 10 and more level or ahead.
+// v16's split of the last wave (not causal, the default mode, d = 128): `units` K/V blocks of
+// `steps` steps each on `sms` SMs leave r = units mod sms for a last wave; each is cut into k
+// pieces, k of 2, 3 or 4 with at least kMinPieceSteps steps a piece, the one whose pieces' waves
+// take the least time, ceil(r·k / sms) / k of a K/V block's (the smaller k on a tie), and only
+// where that is at most 0.8 of one (a piece's fixed costs are not worth less). 1: no split.
+// Functions of their own, as ranks_first_slot, so that the CPU tests check them for any shape and
+// SM count. A piece's fixed costs (K and V loaded again, its Q pipeline started, its slot written
+// and read) want steps to repay them: pieces of 5 steps (N = 1024, d = 128, k = 3) ran at 0.99x
+// v15 in runs 122 and 123, pieces of 21 and more (N >= 4096) level or ahead.
 inline constexpr int kMinPieceSteps = 8;
 FL_HOST_DEVICE inline int split_pieces(int64_t units, int64_t sms, int64_t steps) {
   if (sms <= 0 || units <= sms || units % sms == 0) return 1;

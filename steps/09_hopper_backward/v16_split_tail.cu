@@ -588,6 +588,13 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 // last wave's r = U mod G K/V blocks (U of them, G SMs) each cut into k pieces along their S steps
 // (split_pieces says where and k; a piece's fixed costs are K and V loaded again, its Q pipeline
 // started, its slot written and read). The same on the host for the workspace and for the launch.
+// Where the split runs: d = 128 only. At d = 64 the split read 0.87-0.95x v15 at 1 × 16 × 16384 in
+// three timed runs (122-124) and level at N = 4096, though Nsight Compute, at its locked clock,
+// counted 0.9 % fewer cycles there and 1.6 % more active SM cycles (the appendix); not understood,
+// so not run.
+template <int D>
+inline constexpr bool kSplits = D == 128;
+
 template <int D>
 struct Plan {
   bool split = false;
@@ -598,7 +605,7 @@ struct Plan {
     n_kv = ceil_div<int64_t>(s.seq_k, Cfg<D>::BC);
     units = n_kv * s.kv_heads * s.batch;
     left = sms > 0 ? units % sms : 0;
-    if (s.causal || deterministic) return;
+    if (!kSplits<D> || s.causal || deterministic) return;
     k = split_pieces(units, sms, s.group() * ceil_div<int64_t>(s.seq_q, Cfg<D>::BR));
     split = k > 1 && blocks() <= INT32_MAX;  // a 1D grid
     if (!split) k = 1;
@@ -634,21 +641,22 @@ struct Launch {
       tdq = tma::make_map(static_cast<unsigned char*>(a.workspace) + backward::dq_accum_offset(s), CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
                           s.batch * s.heads, s.seq_q, D, Cfg<D>::kPanel, Cfg<D>::BR, CU_TENSOR_MAP_SWIZZLE_NONE);
     if (!a.deterministic) {
-      const Plan<D> plan(s, false, gpu::sm_count());
-      if (!plan.split) {
-        run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, false>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes,
-                          turns, 1, tq, tdo, tdq, SplitGrid{});
-        return;
+      if constexpr (kSplits<D>) {
+        if (const Plan<D> plan(s, false, gpu::sm_count()); plan.split) {
+          // One launch, so that the pieces start as the whole blocks free their SMs. The workspace
+          // is backward_workspace_bytes(), which sizes it by the same plan.
+          unsigned char* const ws = static_cast<unsigned char*>(a.workspace);
+          int* const counts = reinterpret_cast<int*>(ws + plan.counts_at(s));
+          FL_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int) * plan.left, as_stream(a.stream)));
+          const SplitGrid sg{int(plan.n_kv), int(s.kv_heads), plan.k, int(plan.units - plan.left),
+                             reinterpret_cast<float*>(ws + plan.parts_at(s)), counts};
+          run_kernels<T, D>(dim3(unsigned(plan.blocks())), s, a, backward_wgmma_kernel<T, D, false, true>,
+                            Cfg<D>::kThreads, Cfg<D>::kSmemBytes, turns, 1, tq, tdo, tdq, sg);
+          return;
+        }
       }
-      // One launch, so that the pieces start as the whole blocks free their SMs. The workspace is
-      // backward_workspace_bytes(), which sizes it by the same plan.
-      unsigned char* const ws = static_cast<unsigned char*>(a.workspace);
-      int* const counts = reinterpret_cast<int*>(ws + plan.counts_at(s));
-      FL_CUDA_CHECK(cudaMemsetAsync(counts, 0, sizeof(int) * plan.left, as_stream(a.stream)));
-      const SplitGrid sg{int(plan.n_kv), int(s.kv_heads), plan.k, int(plan.units - plan.left),
-                         reinterpret_cast<float*>(ws + plan.parts_at(s)), counts};
-      run_kernels<T, D>(dim3(unsigned(plan.blocks())), s, a, backward_wgmma_kernel<T, D, false, true>, Cfg<D>::kThreads,
-                        Cfg<D>::kSmemBytes, turns, 1, tq, tdo, tdq, sg);
+      run_kernels<T, D>(s, a, backward_wgmma_kernel<T, D, false>, Cfg<D>::kThreads, Cfg<D>::BC, Cfg<D>::kSmemBytes, turns,
+                        1, tq, tdo, tdq, SplitGrid{});
       return;
     }
     FL_CUDA_CHECK(cudaMemsetAsync(turns, 0, workspace_bytes(s) - turn_offset(s), as_stream(a.stream)));
