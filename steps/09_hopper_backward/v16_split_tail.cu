@@ -588,10 +588,9 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 // last wave's r = U mod G K/V blocks (U of them, G SMs) each cut into k pieces along their S steps
 // (split_pieces says where and k; a piece's fixed costs are K and V loaded again, its Q pipeline
 // started, its slot written and read). The same on the host for the workspace and for the launch.
-// Where the split runs: d = 128 only. At d = 64 the split read 0.87-0.95x v15 at 1 × 16 × 16384 in
-// three timed runs (122-124) and level at N = 4096, though Nsight Compute, at its locked clock,
-// counted 0.9 % fewer cycles there and 1.6 % more active SM cycles (the appendix); not understood,
-// so not run.
+// Where the split runs: d = 128 only. At d = 64 its pieces cost more than they give back: Nsight
+// Compute counted 1.6-1.9 % more busy SM cycles on average (0.9 % fewer cycles in all), and
+// `ladder` timed it at about 0.98 of v15 at 1 × 16 × 16384 (build run q); why is not known.
 template <int D>
 inline constexpr bool kSplits = D == 128;
 
