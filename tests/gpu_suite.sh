@@ -229,7 +229,14 @@ sass_report() {
     echo "# FFMA fp32 FMA, HMMA tensor-core MMA (mma.sync), HGMMA warpgroup MMA (wgmma), LDS/STS"
     echo "# shared memory, LDSM ldmatrix, LDG/STG global, LDGSTS cp.async, LDL/STL local memory"
     echo "# (register spills), MUFU special functions (ex2), BAR barriers, SHFL warp shuffles."
-    "$cuobjdump" -sass "$lib" | python3 -c '
+    # One cubin a process, JOBS at once: the library's SASS in one cuobjdump call took longer than
+    # the stage's minute once rung 09 had sixteen versions (2026-11-25).
+    local cubins
+    cubins=$(mktemp -d)
+    (cd "$cubins" && "$cuobjdump" -xelf all "$lib" >/dev/null)
+    # shellcheck disable=SC2016  # $0 and $1 are sh -c's own arguments, expanded by that shell
+    find "$cubins" -name '*.cubin' -print0 | xargs -0 -P "$JOBS" -I{} sh -c '"$0" -sass "$1" > "$1.sass"' "$cuobjdump" {}
+    cat "$cubins"/*.cubin.sass | python3 -c '
 import re, sys, collections
 cols = ["FFMA", "HMMA", "HGMMA", "LDS", "STS", "LDSM", "LDG", "STG", "LDGSTS", "LDL", "STL", "MUFU", "BAR", "SHFL"]
 counts, order, fn = {}, [], None
@@ -248,6 +255,7 @@ for fn in order:
 ' | c++filt
   } >"$OUT/sass.txt"
   local rc=$?
+  rm -rf "$cubins"
   grep -A1000 '^FFMA' "$OUT/sass.txt" | cut -c1-200
   return "$rc"
 }
