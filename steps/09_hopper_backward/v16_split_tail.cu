@@ -8,7 +8,8 @@
 // What changed: not causal and not in the deterministic mode (whose turns fix each Q block's order
 // of additions), the r = U mod G blocks left after the whole waves are each cut into k pieces of
 // S / k consecutive steps (k of 2, 3 or 4, the one that leaves the shortest tail; only where that
-// tail is at most 0.8 of a K/V block's time and a piece has at least 4 steps). One launch, a 1D
+// tail is at most 0.8 of a K/V block's time, a piece has at least kMinPieceSteps steps, and d = 128:
+// kSplits). One launch, a 1D
 // grid of the U − r whole blocks, then the r·k pieces, which start as SMs free up. A piece runs
 // v15's loop over its own steps (the same walk, started at its first step); dQ's additions are
 // unchanged. Its dK and dV are partial sums, which add without rescaling: a piece writes them in
@@ -16,7 +17,8 @@
 // in last adds all k slots in piece order (the same bits whichever piece is last) and runs v15's
 // epilogue. Elsewhere v15's launch and kernel, unchanged. The split kernel (kSplit) keeps v15's
 // registers: causal is a constant false there, and the epilogue works out the K/V block's first
-// row again from blockIdx rather than keep it through the steps (ptxas spilled it at d = 64).
+// row again from blockIdx rather than keep it through the steps (kept, ptxas spilled it at d = 64,
+// when d = 64 split too).
 #include "../08_hopper_forward/tma.cuh"
 #include "launch.cuh"
 
