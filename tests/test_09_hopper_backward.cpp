@@ -155,10 +155,10 @@ TEST(HopperBackward, SplitTailGivesTheSameDkAndDvBitsEveryRun) {
 
 // v16's split on the host: where it splits and into how many pieces (132 SMs: the grid's
 // non-causal cells at N >= 4096, 2048 K/V blocks with 68 left, k = 3 by the count at both head
-// dims, though only d = 128's kernel splits (kSplits); 1 × 34 ×
-// 4096 at d = 128, 1088 with 32 left, k = 4; whole waves, too few steps a piece (N = 1024), or a
-// tail too long to gain enough: no split), and for any shape that every piece's steps, walked
-// from its start, cover each step of the K/V block once and start where the whole walk would be.
+// dims, though only d = 128's kernel splits (kSplits); 1 × 34 × 4096 at d = 128, 1088 with 32
+// left, k = 4; whole waves, too few steps a piece (N = 1024), or a tail too long to gain enough:
+// no split), and for any shape that every piece's steps, walked from its start, cover each step of
+// the K/V block once and start where the whole walk would be.
 TEST(HopperBackward, SplitTailPlanSplitsWhereTheTailPays) {
   EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 64), 3);   // d = 128: 4096 / 64 Q blocks a K/V block
   EXPECT_EQ(hopper_backward::split_pieces(2048, 132, 32), 3);   // d = 64
