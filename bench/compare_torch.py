@@ -43,7 +43,9 @@ a call than the GPU took to write the buffer (SDPA's backward through autograd),
 instead: S seconds of back-to-back calls first, then five stretches of about S/5 seconds each timed
 as a whole (no flush, no synchronisation between calls), the median stretch's time per call: the
 clock and power state of a long run, where a GPU at its power limit runs slower than in short
-bursts (rows carry "sustained_s").
+bursts (rows carry "sustained_s"). With --rounds R, each cell's timings are put off to its end and
+taken in R rounds, the order reversed every other round, so that no kernel is always timed first
+or last (class Rounds; rows carry "rounds" and "ms_rounds").
 
 --memory-sweep adds (first, as it is short) the extra device memory of one forward+backward against
 N, B=1 H=16 d=64 bf16, N = 1024..65536: each rung with a backward pass (its workspaces, measured
@@ -68,6 +70,7 @@ Shapes are B x H[/Hkv] x Nq[:Nk] x d, with a trailing c for causal. --device cpu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import gc
@@ -82,6 +85,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from functools import partial
 
 try:
     import torch
@@ -542,12 +546,18 @@ class Timer:
         is spent (a slow rung on a long sequence), but never below 3 timed calls."""
         if self.sustained_s > 0:
             return self.sustained(fn)
+        times = self.samples(fn, self.reps, self.budget_s)
+        return statistics.median(times), len(times)
+
+    def samples(self, fn, reps: int, budget_s: float) -> list[float]:
+        """The milliseconds of each of up to reps timed calls of fn(), after the warm-up calls;
+        stops once budget_s is spent, but never below 3 calls."""
         for _ in range(self.warmup):
             fn()
         if self.device == "cuda":
             torch.cuda.synchronize()
         times, t0 = [], time.perf_counter()
-        for i in range(self.reps):
+        for i in range(reps):
             if self.device == "cuda":
                 self.flush()  # before the start event: evicts L2, not timed
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -560,9 +570,64 @@ class Timer:
                 t = time.perf_counter()
                 fn()
                 times.append((time.perf_counter() - t) * 1e3)
-            if i >= 2 and time.perf_counter() - t0 > self.budget_s:
+            if i >= 2 and time.perf_counter() - t0 > budget_s:
                 break
-        return statistics.median(times), len(times)
+        return times
+
+
+class Rounds:
+    """When a cell's kernels are timed. Kernels timed one after another do not all meet the GPU in
+    the same state: in runs where two versions share one kernel, the second-timed one's backward
+    read about 1 % slower on average, and up to 15 % at one shape (chapter 09, What is left). With
+    --rounds 1 (the default) each kernel is timed when it is asked for, as before. With --rounds R
+    every timing of the cell is put off until settle(), which times them all in R rounds, the order
+    reversed every other round (A B C, C B A, A B C, ...), each kernel reps/R calls a round (at
+    least 3) and budget_s/R seconds; a kernel's time is the median of all its calls, and its row
+    also carries each round's median (ms_rounds). An even R gives every kernel the same mean place
+    in the order, so a drift through the cell (clocks, temperature) weighs on each alike."""
+
+    def __init__(self, timer: Timer, rounds: int):
+        self.timer, self.rounds, self.pending = timer, rounds, []
+
+    def time(self, fn, done, failed, context=contextlib.nullcontext) -> None:
+        """Times fn() and calls done(ms=..., reps=...) (with --rounds R > 1 also ms_rounds=...),
+        now or at settle(); an exception at settle() goes to failed(e) instead, and now to the
+        caller. context() is entered around each stretch of timed calls (SDPA's backend choice)."""
+        if self.rounds <= 1:
+            with context():
+                ms, reps = self.timer(fn)
+            done(ms=ms, reps=reps)
+        else:
+            self.pending.append((fn, done, failed, context))
+
+    def settle(self) -> None:
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        reps = max(3, math.ceil(self.timer.reps / self.rounds))
+        budget = self.timer.budget_s / self.rounds
+        times = [[] for _ in pending]
+        medians = [[] for _ in pending]
+        errors = [None] * len(pending)
+        for r in range(self.rounds):
+            order = range(len(pending)) if r % 2 == 0 else reversed(range(len(pending)))
+            for i in order:
+                if errors[i] is not None:
+                    continue
+                fn, _, _, context = pending[i]
+                try:
+                    with context():
+                        t = self.timer.samples(fn, reps, budget)
+                except Exception as e:  # reported in the kernel's row; the others go on
+                    errors[i] = e
+                    continue
+                times[i] += t
+                medians[i].append(statistics.median(t))
+        for (_, done, failed, _), t, m, e in zip(pending, times, medians, errors):
+            if e is not None:
+                failed(e)
+            else:
+                done(ms=statistics.median(t), reps=len(t), ms_rounds=m)
 
 
 def short(e: BaseException | str, limit: int = 400) -> str:
@@ -597,6 +662,8 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
             kw["tflops"] = phase_flops[phase] / (kw["ms"] * 1e-3) / 1e12
         if args.sustained > 0 and dev == "cuda":
             r["sustained_s"] = args.sustained
+        if args.rounds > 1 and kw.get("ms") is not None:
+            r["rounds"] = args.rounds
         r.update(kw)
         emit(r)
 
@@ -613,7 +680,12 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
     except Exception as e:  # without a reference nothing can be checked; say so and move on
         row("reference", "fp64", error=short(e))
         return
-    timer = Timer(dev, args.warmup, args.reps, args.budget_s, args.sustained, args.flush)
+    timer = Rounds(Timer(dev, args.warmup, args.reps, args.budget_s, args.sustained, args.flush),
+                   args.rounds)
+
+    def failed(kind, name, phase="fwd"):  # the row of a timing that raised at Rounds.settle
+        return lambda e: row(kind, name, phase=phase, error=short(e),
+                             passed=False if kind == "rung" else None)
     stream = torch.cuda.current_stream().cuda_stream if dev == "cuda" else None
     call = ladder.forward if dev == "cuda" else ladder.forward_host
     call_backward = ladder.backward if dev == "cuda" else ladder.backward_host
@@ -639,17 +711,19 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
             lse = torch.full((shape.batch, shape.heads, shape.seq_q), float("nan"),
                              dtype=torch.float32, device=dev)
             ws = torch.empty(ws_bytes, dtype=torch.uint8, device=dev) if ws_bytes else None
-            fn = lambda: call(rung, shape.c(), dtype, q, k, v, o, lse, ws, stream)  # noqa: E731
+            # Bound now (not a closure over the loop's names): with --rounds the call is timed after
+            # the loop has moved on.
+            fn = partial(call, rung, shape.c(), dtype, q, k, v, o, lse, ws, stream)
             fn()
             if dev == "cuda":
                 torch.cuda.synchronize()  # a fault in the kernel surfaces here, not in the timing
             eo, el = error_stats(o, o_ref), error_stats(lse, lse_ref)
             passed = eo["bad"] == 0 and el["bad"] == 0 and eo["rel_err"] <= TOLERANCE[dtype] \
                 and el["rel_err"] <= TOLERANCE[dtype]
-            ms, reps = timer(fn)
-            row("rung", name, ms=ms, reps=reps,
-                rel_err=eo["rel_err"], max_abs=eo["max_abs"], lse_rel_err=el["rel_err"],
-                bad=eo["bad"] + el["bad"], passed=passed, workspace_bytes=ws_bytes)
+            timer.time(fn, partial(row, "rung", name,
+                                   rel_err=eo["rel_err"], max_abs=eo["max_abs"], lse_rel_err=el["rel_err"],
+                                   bad=eo["bad"] + el["bad"], passed=passed, workspace_bytes=ws_bytes),
+                       failed("rung", name))
         except Exception as e:
             row("rung", name, error=short(e), passed=False)
         finally:
@@ -665,8 +739,8 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
             continue
         errors = []
         for how, kk, vv, kw in sdpa_attempts(shape, k, v):
-            fn = lambda: F.scaled_dot_product_attention(  # noqa: E731
-                q, kk, vv, is_causal=shape.causal, scale=shape.scale, **kw)
+            fn = partial(F.scaled_dot_product_attention, q, kk, vv, is_causal=shape.causal,
+                         scale=shape.scale, **kw)
             try:
                 with sdpa_kernel(peer), warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -678,10 +752,10 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
                         torch.cuda.synchronize()
                     eo = error_stats(out, o_ref)
                     del out
-                    ms, reps = timer(fn)
-                row("sdpa", name, ms=ms, reps=reps,
-                    rel_err=eo["rel_err"], max_abs=eo["max_abs"], bad=eo["bad"],
-                    passed=eo["bad"] == 0 and eo["rel_err"] <= TOLERANCE[dtype], gqa=how or None)
+                    timer.time(fn, partial(row, "sdpa", name, rel_err=eo["rel_err"], max_abs=eo["max_abs"],
+                                           bad=eo["bad"], gqa=how or None,
+                                           passed=eo["bad"] == 0 and eo["rel_err"] <= TOLERANCE[dtype]),
+                               failed("sdpa", name), partial(sdpa_kernel, peer))
                 break
             except Exception as e:
                 errors.append((f"{how}: " if how else "") + short(e))
@@ -692,8 +766,9 @@ def run_problem(args, ladder: Ladder, shape: Shape, dtype: str, meta: dict, emit
 
     if args.backward:
         del o_ref, lse_ref
-        run_backward_problem(args, ladder, shape, dtype, q, k, v, dout, row, timer, stream, call,
-                             call_backward, backend)
+        run_backward_problem(args, ladder, shape, dtype, q, k, v, dout, row, failed, timer, stream,
+                             call, call_backward, backend)
+    timer.settle()  # with --rounds R: every timing of this cell, in rounds of alternating order
 
 
 SDPA_CAUSAL_SKIP = ("SDPA's is_causal is top-left aligned when Nq != Nk; the ladder's contract is "
@@ -756,8 +831,21 @@ def identical_runs(call, outputs, runs: int) -> str | None:
     return f"{same}/{runs}"
 
 
-def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v, dout, row, timer,
-                         stream, call, call_backward, backend: str) -> None:
+def in_turn(*calls):
+    """One call that makes each of calls in turn (a rung's forward then its backward)."""
+    def run():
+        for c in calls:
+            c()
+    return run
+
+
+def sdpa_forward_backward(forward, leaves, dout):
+    """One call of SDPA's forward with its backward through autograd (phase fwd+bwd)."""
+    return lambda: torch.autograd.grad(forward(), leaves, dout)
+
+
+def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v, dout, row, failed,
+                         timer: Rounds, stream, call, call_backward, backend: str) -> None:
     """The backward of every rung that has one and of every SDPA backend, on the same inputs and the
     same dO. Two rows each: phase "bwd" (the backward alone: for a rung fl_backward on the O and lse
     of its own fl_forward run once before; for SDPA torch.autograd.grad(out, (q, k, v), dO,
@@ -806,32 +894,32 @@ def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v
             dk, dv = torch.full_like(k, float("nan")), torch.full_like(v, float("nan"))
             ws_f = torch.empty(ws_fb, dtype=torch.uint8, device=dev) if ws_fb else None
             ws_bw = torch.empty(ws_b, dtype=torch.uint8, device=dev) if ws_b else None
-            fwd = lambda: call(rung, shape.c(), dtype, q, k, v, o, lse, ws_f, stream)  # noqa: E731
-            bwd = lambda: call_backward(rung, shape.c(), dtype, q, k, v, o, lse, dout,  # noqa: E731
-                                        dq, dk, dv, ws_bw, stream)
+            # Bound now, as the forward's: with --rounds they are timed after the loop has moved on.
+            fwd = partial(call, rung, shape.c(), dtype, q, k, v, o, lse, ws_f, stream)
+            bwd = partial(call_backward, rung, shape.c(), dtype, q, k, v, o, lse, dout, dq, dk, dv, ws_bw, stream)
             fwd()  # O and lse for the backward: the rung's own
             bwd()
             if dev == "cuda":
                 torch.cuda.synchronize()  # a fault in a kernel surfaces here, not in the timing
             stats = gradient_stats((dq, dk, dv), grads_ref, dtype)
             same = identical_runs(bwd, (dq, dk, dv), args.repeat_check) if dev == "cuda" else None
-            ms, reps = timer(bwd)
-            row("rung", name, phase="bwd", ms=ms, reps=reps, workspace_bytes=ws_b, identical_runs=same, **stats)
-            ms, reps = timer(lambda: (fwd(), bwd()))
-            row("rung", name, phase="fwd+bwd", ms=ms, reps=reps, workspace_bytes=ws_fb + ws_b, **stats)
+            timer.time(bwd, partial(row, "rung", name, phase="bwd", workspace_bytes=ws_b,
+                                    identical_runs=same, **stats), failed("rung", name, "bwd"))
+            timer.time(in_turn(fwd, bwd), partial(row, "rung", name, phase="fwd+bwd",
+                                                  workspace_bytes=ws_fb + ws_b, **stats),
+                       failed("rung", name, "fwd+bwd"))
             if dev == "cuda" and ladder.has_deterministic_backward(rung, backend):
                 # The deterministic mode on the same O and lse: checked, repeated, timed.
-                bwd_det = lambda: ladder.backward_deterministic(  # noqa: E731
-                    rung, shape.c(), dtype, q, k, v, o, lse, dout, dq, dk, dv, ws_bw, stream)
+                bwd_det = partial(ladder.backward_deterministic,
+                                  rung, shape.c(), dtype, q, k, v, o, lse, dout, dq, dk, dv, ws_bw, stream)
                 for g in (dq, dk, dv):
                     g.fill_(float("nan"))
                 bwd_det()
                 torch.cuda.synchronize()
                 stats = gradient_stats((dq, dk, dv), grads_ref, dtype)
                 same = identical_runs(bwd_det, (dq, dk, dv), args.repeat_check)
-                ms, reps = timer(bwd_det)
-                row("rung", name, phase="bwd-det", ms=ms, reps=reps, workspace_bytes=ws_b,
-                    identical_runs=same, **stats)
+                timer.time(bwd_det, partial(row, "rung", name, phase="bwd-det", workspace_bytes=ws_b,
+                                            identical_runs=same, **stats), failed("rung", name, "bwd-det"))
         except Exception as e:
             bwd_rows("rung", name, error=short(e))
         finally:
@@ -849,8 +937,8 @@ def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v
         for how, kk, vv, kw in sdpa_attempts(shape, k, v):
             # Leaves that require grad, sharing storage with the inputs (no copies).
             qg, kg, vg = (t.detach().requires_grad_() for t in (q, kk, vv))
-            fwd = lambda: F.scaled_dot_product_attention(  # noqa: E731
-                qg, kg, vg, is_causal=shape.causal, scale=shape.scale, **kw)
+            fwd = partial(F.scaled_dot_product_attention, qg, kg, vg, is_causal=shape.causal,
+                          scale=shape.scale, **kw)
             out = None
             try:
                 with sdpa_kernel(peer), warnings.catch_warnings(record=True) as caught:
@@ -865,12 +953,15 @@ def run_backward_problem(args, ladder: Ladder, shape: Shape, dtype: str, q, k, v
                     grads = (grads[0], sum_groups(shape, grads[1]), sum_groups(shape, grads[2]))
                     stats = gradient_stats(grads, grads_ref, dtype)
                     del grads
-                    ms_b, reps_b = timer(lambda: torch.autograd.grad(out, (qg, kg, vg), dout,
-                                                                     retain_graph=True))
-                    out = None  # frees the graph the backward-alone timing kept
-                    ms_fb, reps_fb = timer(lambda: torch.autograd.grad(fwd(), (qg, kg, vg), dout))
-                row("sdpa", name, phase="bwd", ms=ms_b, reps=reps_b, gqa=how or None, **stats)
-                row("sdpa", name, phase="fwd+bwd", ms=ms_fb, reps=reps_fb, gqa=how or None, **stats)
+                    # The graph of out is kept by the first timing until it is done (with --rounds,
+                    # until the cell's timings are).
+                    timer.time(partial(torch.autograd.grad, out, (qg, kg, vg), dout, retain_graph=True),
+                               partial(row, "sdpa", name, phase="bwd", gqa=how or None, **stats),
+                               failed("sdpa", name, "bwd"), partial(sdpa_kernel, peer))
+                    out = None
+                    timer.time(sdpa_forward_backward(fwd, (qg, kg, vg), dout),
+                               partial(row, "sdpa", name, phase="fwd+bwd", gqa=how or None, **stats),
+                               failed("sdpa", name, "fwd+bwd"), partial(sdpa_kernel, peer))
                 break
             except Exception as e:
                 errors.append((f"{how}: " if how else "") + short(e))
@@ -1144,7 +1235,7 @@ def worker_command(args, shape: Shape | None, dtype: str, rows_out: str) -> list
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--lib", args.lib,
            "--device", args.device, "--dtype", dtype,
            "--reps", str(args.reps), "--warmup", str(args.warmup), "--budget-s", str(args.budget_s),
-           "--sustained", str(args.sustained), "--flush", args.flush,
+           "--sustained", str(args.sustained), "--flush", args.flush, "--rounds", str(args.rounds),
            "--seed", str(args.seed), "--peers", ",".join(args.peers), "--repeat-check", str(args.repeat_check),
            "--rows-out", rows_out]
     if shape is None:
@@ -1265,6 +1356,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sustained", type=float, default=0.0, metavar="S",
                     help="time under sustained load: S seconds of back-to-back calls, then five timed "
                          "stretches of S/5 seconds (no L2 flush); 0 (default): short bursts as above")
+    ap.add_argument("--rounds", type=int, default=1, metavar="R",
+                    help="time each cell's kernels in R rounds, the order reversed every other round, "
+                         "reps/R calls a round (at least 3), a kernel's time the median of all its calls "
+                         "(rows carry rounds and ms_rounds); 1 (default): each kernel timed once, in "
+                         "order (rungs, then the SDPA backends); an even R gives each kernel the same "
+                         "mean place (see Rounds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat-check", type=int, default=10, metavar="R",
                     help="after a rung's backward, run it R more times and record in identical_runs how many "
@@ -1302,6 +1399,11 @@ def main(argv=None) -> int:
         if p not in SDPA_BACKENDS:
             ap.error(f"unknown SDPA backend '{p}': allowed are {', '.join(SDPA_BACKENDS)}")
     args.rungs = [r.strip() for r in args.rungs.split(",")] if args.rungs else []
+    if args.rounds < 1:
+        ap.error(f"--rounds: at least 1, not {args.rounds}")
+    if args.rounds > 1 and args.sustained > 0:
+        ap.error("--rounds times short bursts in alternating order; --sustained times long stretches "
+                 "one kernel at a time: choose one")
     try:
         args.memory_seqs = [int(n) for n in args.memory_seqs.split(",") if n.strip()]
     except ValueError:
