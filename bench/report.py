@@ -746,11 +746,20 @@ def probes_part(probes: list, rung: str) -> str:
     return "\n".join(out).strip("\n")
 
 
+def grid_run_of(run: dict, rung: str) -> bool:
+    """Whether a probes run stands as the grid run of `rung`: "grid": true (of every rung it
+    measured) or "grid": [the rungs it stands for] (a run that also timed other rungs' versions,
+    such as rung 08's forward beside rung 09, without replacing their own grid run)."""
+    g = run.get("grid")
+    return g is True or isinstance(g, list) and rung in g
+
+
 def grid_summary_part(probes: list, rung: str, ph: str = "fwd") -> str:
-    """The summary table (summary_part) of phase `ph` from the newest probes run marked "grid": true
-    that measured the rung in that phase, once per dtype it holds: for a rung whose versions were
-    all measured together in a run of their own rather than in torch.json's run."""
-    run = next((p for p in reversed(probes) if p.get("grid") and
+    """The summary table (summary_part) of phase `ph` from the newest probes run marked as the
+    rung's grid run (grid_run_of) that measured the rung in that phase, once per dtype it holds:
+    for a rung whose versions were all measured together in a run of their own rather than in
+    torch.json's run."""
+    run = next((p for p in reversed(probes) if grid_run_of(p, rung) and
                 any(in_rung(rung_of(r), rung) and phase(r) == ph for r in p.get("rows", []))), None)
     if run is None:
         return ""

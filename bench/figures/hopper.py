@@ -3,9 +3,9 @@
 
     python3 bench/figures/hopper.py [--results docs/results] [--out docs/figures]
 
-reads docs/results/probes.json, takes the newest run marked "grid": true that measured rung 08
-(every version in one process beside SDPA's flash and cudnn backends, bench/compare_torch.py), and
-writes, per GPU found in it:
+reads docs/results/probes.json, takes the newest run marked "grid": true (or "grid": a list that names
+rung 08) that measured rung 08 (every version in one process beside SDPA's flash and cudnn backends,
+bench/compare_torch.py), and writes, per GPU found in it:
 
   hopper_grid_<gpu>.png  one panel per dtype; for each cell of the grid (d, N, causal or not) a bar
                          per version from v4 on, its speed relative to cuDNN on the same inputs in
@@ -31,7 +31,8 @@ COLORS = ["#fdd0a2", "#fdae6b", "#fd8d3c", "#e6550d", "#a63603", "#6a51a3", "#3f
 
 def grid_run(probes):
     for run in reversed(probes):
-        if run.get("grid") and any(r.get("name", "").startswith(RUNG + "/") for r in run.get("rows", [])):
+        grid = run.get("grid")  # true, or the list of rungs the run is the grid run of
+        if (grid is True or isinstance(grid, list) and RUNG in grid) and any(r.get("name", "").startswith(RUNG + "/") for r in run.get("rows", [])):
             return run
     return None
 
