@@ -318,6 +318,9 @@ def torch_command(rows: list[dict]) -> str:
     sustained = {r.get("sustained_s") for r in compared if r.get("sustained_s")}
     if sustained:
         args += ["--sustained", "%g" % max(sustained)]
+    rounds = {r.get("rounds") for r in compared if r.get("rounds")}
+    if rounds:
+        args += ["--rounds", "%d" % max(rounds)]
     return " ".join(args + ["--json", "torch.json"])
 
 
