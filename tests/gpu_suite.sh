@@ -39,6 +39,8 @@
 #   FL_TORCH_RUNGS     rungs for compare_torch.py, its --rungs (default: every rung in the library)
 #   FL_TORCH_PEERS     SDPA backends for compare_torch.py, its --peers (default: all four)
 #   FL_TORCH_MEMORY    0: leave out compare_torch.py's memory sweep (default: run it)
+#   FL_TORCH_ROUNDS    compare_torch.py's --rounds: each cell's kernels timed in that many rounds of
+#                      alternating order (default 1: one after another, the SDPA backends last)
 #   FL_DECODE_S        seconds kept for the decode stage when the torch stage runs before it
 #                      (default 180, at most half of what is left; compare_decode.py stops starting
 #                      cells when its time is up)
@@ -390,7 +392,7 @@ torch_compare() {
   [[ ${FL_TORCH_MEMORY:-1} == 0 ]] || sweep=(--memory-sweep)
   python3 "$REPO/bench/compare_torch.py" --lib "$BUILD/capi/libflash_ladder.so" \
     --dtype "${FL_TORCH_DTYPES:-fp32,bf16}" ${FL_TORCH_RUNGS:+--rungs "$FL_TORCH_RUNGS"} \
-    ${FL_TORCH_PEERS:+--peers "$FL_TORCH_PEERS"} "${sweep[@]}" \
+    ${FL_TORCH_PEERS:+--peers "$FL_TORCH_PEERS"} ${FL_TORCH_ROUNDS:+--rounds "$FL_TORCH_ROUNDS"} "${sweep[@]}" \
     --json "$OUT/torch.json" --time-limit "$1"
 }
 
