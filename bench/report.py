@@ -324,7 +324,16 @@ def torch_command(rows: list[dict]) -> str:
     return " ".join(args + ["--json", "torch.json"])
 
 
-def torch_header(rows: list[dict]) -> str:
+def run_command(run: dict) -> str | None:
+    """The command a probes run records at the end of its "what" (after "; compare_torch.py"), with
+    the path it is run by; None where it records none."""
+    m = re.search(r"(?:^|; )(compare_torch\.py .*)$", run.get("what", ""))
+    return "python3 bench/" + m.group(1) if m else None
+
+
+def torch_header(rows: list[dict], command: str | None = None) -> str:
+    """Where, when and by what the rows were measured; command: the run's own command where it
+    recorded one (a probes run), else the one torch_command rebuilds from the rows."""
     meta = next((r for r in rows if r.get("device")), {})
     extra = []
     if meta.get("torch"):
@@ -340,7 +349,7 @@ def torch_header(rows: list[dict]) -> str:
     when = day(meta.get("date")) if len(days) <= 1 else \
         " and ".join("%s rows of %s" % ("/".join(sorted(t, key=dtype_key)), d) for d, t in days.items())
     return "on %s, %s%s, by `%s`" % (meta.get("device", "an unknown device"), when,
-                                     ", " + ", ".join(extra) if extra else "", torch_command(rows))
+                                     ", " + ", ".join(extra) if extra else "", command or torch_command(rows))
 
 
 # ---- The parts of a block --------------------------------------------------------------------------
@@ -591,7 +600,7 @@ def peak_of(device: str, dtype: str):
 
 
 def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dtype: str = "bf16",
-                 run_rows: list[dict] | None = None) -> str:
+                 run_rows: list[dict] | None = None, command: str | None = None) -> str:
     """One table up front: each version of the rung (or the rung) at one shape per head dim
     (N = n, B·N = 16384, H = 16, not causal, the dtype given), its TFLOP/s, % of the GPU's dense
     peak, speed relative to the version before it, to FlashAttention-2 and to cuDNN (SDPA flash
@@ -635,7 +644,7 @@ def summary_part(rows: list[dict], rung: str, ph: str = "fwd", n: int = 4096, dt
         prev = name if not name.endswith("/mma") else prev
     what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[ph]
     out = ["The %s in one run %s: %s, B x H x N = %d x 16 x %d, not causal. %s%s" % (
-        what, torch_header(run_rows or shown), dtype, 16384 // n, n, RATIOS,
+        what, torch_header(run_rows or shown, command), dtype, 16384 // n, n, RATIOS,
         (" %% of peak is of the GPU's dense %s tensor-core peak, %.0f TFLOP/s (datasheet)." % (dtype, peak))
         if peak else ""), ""]
     out += table(head, body, [False] + [True] * (len(head) - 1))
@@ -742,7 +751,8 @@ def probes_part(probes: list, rung: str) -> str:
                         [speed(ms(k), ms(newest)) for k in others])
         dtypes = "/".join(sorted({r.get("dtype", "?") for r in rows}, key=dtype_key))
         out += ["", "Run %d, %s (%s), %s, %s: TFLOP/s of each kernel, then %s's speed relative to each of the "
-                "others (their time over its)." % (i + 1, run.get("name", "?"), run.get("what", ""), torch_header(rows),
+                "others (their time over its)." % (i + 1, run.get("name", "?"), run.get("what", ""),
+                                                   torch_header(rows, run_command(run)),
                                                    dtypes, label(newest)), ""]
         out += table(["shape"] + [label(k) for k in kernels] + ["%s x %s" % (label(newest), label(k)) for k in others],
                      body, [False] + [True] * (len(kernels) + len(others)))
@@ -767,7 +777,8 @@ def grid_summary_part(probes: list, rung: str, ph: str = "fwd") -> str:
     if run is None:
         return ""
     dtypes = sorted({r.get("dtype") for r in run["rows"] if r.get("dtype")}, key=lambda t: (t != "bf16", dtype_key(t)))
-    return "\n\n".join(p for p in (summary_part(run["rows"], rung, ph, dtype=t, run_rows=run["rows"])
+    return "\n\n".join(p for p in (summary_part(run["rows"], rung, ph, dtype=t, run_rows=run["rows"],
+                                                 command=run_command(run))
                                     for t in dtypes) if p)
 
 
