@@ -576,15 +576,17 @@ class Timer:
 
 
 class Rounds:
-    """When a cell's kernels are timed. Kernels timed one after another do not all meet the GPU in
-    the same state: in runs where two versions share one kernel, the second-timed one's backward
+    """When the timings of a cell (one shape in one dtype: every rung's and SDPA backend's forward,
+    then their backward phases) are taken. Kernels timed one after another do not all meet the GPU
+    in the same state: in runs where two versions share one kernel, the second-timed one's backward
     read about 1 % slower on average, and up to 15 % at one shape (chapter 09, What is left). With
-    --rounds 1 (the default) each kernel is timed when it is asked for, as before. With --rounds R
-    every timing of the cell is put off until settle(), which times them all in R rounds, the order
-    reversed every other round (A B C, C B A, A B C, ...), each kernel reps/R calls a round (at
-    least 3) and budget_s/R seconds; a kernel's time is the median of all its calls, and its row
-    also carries each round's median (ms_rounds). An even R gives every kernel the same mean place
-    in the order, so a drift through the cell (clocks, temperature) weighs on each alike."""
+    --rounds 1 (the default) each timing is taken when it is asked for, in that order. With
+    --rounds R every timing of the cell is put off until settle(), which takes them all in R
+    rounds, the order reversed every other round (A B C, C B A, A B C, ...). Each round, for each
+    kernel: the --warmup untimed calls, then ceil(reps / R) timed calls (at least 3), stopped early
+    once budget_s / R seconds are spent. A kernel's time is the median of all its timed calls; its
+    row also carries each round's median (ms_rounds). An even R gives every kernel the same mean
+    place in the order, which cancels a drift through the cell that is linear in that place."""
 
     def __init__(self, timer: Timer, rounds: int):
         self.timer, self.rounds, self.pending = timer, rounds, []
@@ -1358,10 +1360,11 @@ def main(argv=None) -> int:
                          "stretches of S/5 seconds (no L2 flush); 0 (default): short bursts as above")
     ap.add_argument("--rounds", type=int, default=1, metavar="R",
                     help="time each cell's kernels in R rounds, the order reversed every other round, "
-                         "reps/R calls a round (at least 3), a kernel's time the median of all its calls "
-                         "(rows carry rounds and ms_rounds); 1 (default): each kernel timed once, in "
-                         "order (rungs, then the SDPA backends); an even R gives each kernel the same "
-                         "mean place (see Rounds)")
+                         "each round --warmup calls then ceil(reps/R) timed ones (at least 3), a kernel's "
+                         "time the median of all its timed calls (rows carry rounds and ms_rounds); 1 "
+                         "(default): each timing taken once, in order (the forwards, rungs then SDPA "
+                         "backends, then the backward phases the same way); an even R gives each kernel "
+                         "the same mean place in the order (see Rounds)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat-check", type=int, default=10, metavar="R",
                     help="after a rung's backward, run it R more times and record in identical_runs how many "
