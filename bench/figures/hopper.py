@@ -32,7 +32,8 @@ COLORS = ["#fdd0a2", "#fdae6b", "#fd8d3c", "#e6550d", "#a63603", "#6a51a3", "#3f
 def grid_run(probes):
     for run in reversed(probes):
         grid = run.get("grid")  # true, or the list of rungs the run is the grid run of
-        if (grid is True or isinstance(grid, list) and RUNG in grid) and any(r.get("name", "").startswith(RUNG + "/") for r in run.get("rows", [])):
+        marked = grid is True or isinstance(grid, list) and RUNG in grid
+        if marked and any(r.get("name", "").startswith(RUNG + "/") for r in run.get("rows", [])):
             return run
     return None
 
