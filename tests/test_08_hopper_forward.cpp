@@ -47,6 +47,35 @@ TEST(Hopper, EveryVersionMatchesOracleAndTwinOnRisingLogits) {
   for (const std::string& name : version_names()) expect_rising_logits_pass(name, Backend::Cuda);
 }
 
+// v14_flat_tiles cuts d = 64's tiles from all heads' rows at once where there is no mask, Nq is a
+// multiple of 64 (at least 128), the walk is not split and a head's own tiles would leave a tenth
+// of its rows or more past its end: a tile may hold rows of two heads, with the same K and V (GQA)
+// or not, and the last tile may run past the last head. Every version, non-causal d = 64 shapes
+// of that kind: tiles across heads of their own K/V and of shared ones (GQA 4:1 and 2:1), Nq of
+// two slices (every tile across two heads), a last tile with one or two empty consumers, and more
+// tiles than an H100 has SMs (278: about two a thread block, so that a block's walk goes from tile
+// to tile, with and without the second set); and one where a head's tiles leave too few rows
+// (Nq = 192: none) for the flat walk.
+std::vector<AttentionShape> flat_shapes() {
+  return {make_shape(2, 4, 4, 1024, 300, 64, false), make_shape(1, 8, 2, 320, 700, 64, false),
+          make_shape(3, 2, 1, 128, 65, 64, false),   make_shape(1, 3, 3, 192, 1000, 64, false),
+          make_shape(1, 1, 1, 128, 300, 64, false),  make_shape(4, 16, 4, 832, 130, 64, false)};
+}
+
+void expect_flat_shapes_pass(const std::string& name) {
+  FL_RUNG_OR_SKIP(r, name, Backend::Cuda);
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<Case> cases;
+    uint64_t n = 0;
+    for (const AttentionShape& s : flat_shapes()) cases.push_back({s, InputKind::Normal, base_seed() + n++});
+    expect_cases_pass(*r, t, cases);
+  }
+}
+
+TEST(Hopper, EveryVersionMatchesOracleOnTilesAcrossHeads) {
+  for (const std::string& name : version_names()) expect_flat_shapes_pass(name);
+}
+
 // v13_split_tail splits a non-causal walk's last round along the keys over all thread blocks,
 // where the tiles do not fill whole rounds and a block's share of the split is at least 8 key
 // blocks shorter than a whole tile (kMinSaved; on an H100's or H200's 132 SMs for these shapes): shares of the r tiles' W key blocks
@@ -60,8 +89,9 @@ std::vector<AttentionShape> split_tail_shapes() {
           make_shape(1, 1066, 533, 64, 1100, 64, false)};
 }
 
-TEST(Hopper, SplitTailMatchesOracle) {
-  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v13_split_tail", Backend::Cuda);
+// v13 and v14 (whose split walk is v13's).
+void expect_split_tail_passes(const std::string& name) {
+  FL_RUNG_OR_SKIP(r, name, Backend::Cuda);
   // The split walk, and it alone, asks for a workspace: on 132 SMs every shape here must split
   // (else this test would check v12's walk again), and the grid's N = 1024 cells must not.
   if (gpu::sm_count() == 132) {
@@ -86,10 +116,15 @@ TEST(Hopper, SplitTailMatchesOracle) {
   expect_cases_pass(*r, DType::F16, cases[1]);
 }
 
-// Where v13 splits, the last piece of a tile to count in (which depends on timing) adds every
+TEST(Hopper, SplitTailMatchesOracle) {
+  for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles"})
+    expect_split_tail_passes(name);
+}
+
+// Where v13 (and v14) splits, the last piece of a tile to count in (which depends on timing) adds every
 // piece in the same order: O and lse have the same bits on every run of the same inputs.
-TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
-  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v13_split_tail", Backend::Cuda);
+void expect_split_tail_same_bits(const std::string& name) {
+  FL_RUNG_OR_SKIP(r, name, Backend::Cuda);
   uint64_t seed = base_seed() + 3000;
   for (const AttentionShape& s : {make_shape(1, 8, 2, 2100, 1500, 128, false), make_shape(1, 70, 70, 300, 1400, 64, false)}) {
     SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
@@ -106,6 +141,11 @@ TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
     }
     EXPECT_EQ(differ, 0) << differ << " of 19 runs differ from the first in some bit of O or lse";
   }
+}
+
+TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
+  for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles"})
+    expect_split_tail_same_bits(name);
 }
 
 // v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial
