@@ -1,5 +1,5 @@
 // Rung 08, v14_flat_tiles: v13 with d = 64's tiles cut from all heads' rows at once where a
-// head's own 192-row tiles would leave many rows past its end.
+// head's own 192-row tiles would multiply many more rows than the head has.
 //
 // Why: 192-row tiles cut a head of 1024 rows into 1152 (v10 puts the partial tile first): an
 // eighth of the rows multiplied are past the head, about a tenth of the time at N = 1024, where
@@ -7,7 +7,7 @@
 // the rows of consecutive heads follow each other.
 //
 // What changed: at d = 64, not causal, Nq a multiple of 64 (at least 128), where v13 does not
-// split and a head's tiles leave at least a tenth of its rows past its end, tile t is rows
+// split and a head's tiles would multiply at least a tenth more rows than it has, tile t is rows
 // 192t .. 192t + 191 of all B·H·Nq rows (kFlat, a kernel of its own): each consumer's 64 rows lie
 // in one head, a tile's in at most two. Where the two read different K and V, the producer fetches
 // each block of both, into a second set of K/V buffers that the second head's consumers read; a
@@ -629,8 +629,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
 // pipeline's start and its partial result's store or merge, are about 2–3 key blocks' time; at
 // N = 1024 the split saved too little to pay for them). Flat tiles (d = 64) where the walk is not
 // split, there is no mask, Nq is a multiple of 64 (at least 128) and a head's own tiles would
-// leave at least 1 / kFlatShare of its rows past its end (N = 1024: 128 of 1024; N = 4096 leaves
-// 128 of 4096 and splits instead).
+// multiply at least Nq / kFlatShare rows more than it has (above its first row, since v10; N = 1024:
+// 128 more for 1024; N = 4096 has 128 for 4096 and splits instead).
 inline constexpr int64_t kMinSaved = 8, kFlatShare = 10;
 
 template <int D>
