@@ -62,6 +62,24 @@ std::vector<AttentionShape> flat_shapes() {
           make_shape(1, 1, 1, 128, 300, 64, false),  make_shape(4, 16, 4, 832, 130, 64, false)};
 }
 
+// The launcher takes the flat walk where the shape suits it (hopper::flat_tiles_pay) and the walk
+// does not split. No shape here splits on any GPU: with Nk ≤ 1024 a tile has at most 8 key blocks,
+// and v13's split needs a block's share to be 8 key blocks shorter than a tile (kMinSaved). So every
+// shape but Nq = 192 takes the flat walk, and the test below checks the flat kernel, not v13's again;
+// and the grid's cells take it at N = 1024 only, not causal.
+TEST(Hopper, FlatTilesTakeTheShapesThatSuitThem) {
+  for (const AttentionShape& s : flat_shapes()) {
+    EXPECT_LE(s.seq_k, 1024) << s.str() << " could split on some GPU";
+    EXPECT_EQ(hopper::flat_tiles_pay(s), s.seq_q != 192) << s.str();
+  }
+  EXPECT_TRUE(hopper::flat_tiles_pay(make_shape(16, 16, 16, 1024, 1024, 64, false)));
+  EXPECT_FALSE(hopper::flat_tiles_pay(make_shape(16, 16, 16, 1024, 1024, 64, true))) << "causal";
+  EXPECT_FALSE(hopper::flat_tiles_pay(make_shape(16, 16, 16, 1024, 1024, 128, false))) << "d = 128";
+  EXPECT_FALSE(hopper::flat_tiles_pay(make_shape(4, 16, 16, 4096, 4096, 64, false))) << "3 % more rows";
+  EXPECT_FALSE(hopper::flat_tiles_pay(make_shape(1, 16, 16, 1000, 1000, 64, false))) << "Nq not a multiple of 64";
+  EXPECT_FALSE(hopper::flat_tiles_pay(make_shape(8, 16, 16, 64, 64, 64, false))) << "Nq below 128";
+}
+
 void expect_flat_shapes_pass(const std::string& name) {
   FL_RUNG_OR_SKIP(r, name, Backend::Cuda);
   for (DType t : {DType::BF16, DType::F16}) {

@@ -41,6 +41,8 @@
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
 #pragma once
 
+#include <climits>
+#include <cstdint>
 #include <iterator>
 #include <string>
 
@@ -110,6 +112,20 @@ constexpr tensor_core_mma::Tiling tiling(Version v, int64_t d) {
   if (v >= Version::V10EndAligned && d == 64) return {192, 128, 12, 1, true};
   if (v >= Version::V9ThreeConsumers && d == 64) return {192, 128, 12, 1};
   return {128, 128, 8, 1};
+}
+
+// v14_flat_tiles: whether a shape's rows suit tiles cut from all heads' rows at once, by the shape
+// alone (v14's launcher also needs the walk not to split, which depends on the GPU): d = 64 (192-row
+// tiles), no mask, Nq a multiple of 64 and at least 128 (a consumer's 64 rows in one head, a
+// tile's in at most two), all rows countable in an int, and a head's own tiles multiplying at
+// least a tenth more rows than it has (N = 1024: 1152 for 1024; N = 4096: 4224 for 4096, too few
+// to pay for an emptier last round).
+inline constexpr int64_t kFlatShare = 10;
+inline bool flat_tiles_pay(const AttentionShape& s) {
+  const tensor_core_mma::Tiling t = tiling(Version::V14FlatTiles, s.head_dim);
+  const int64_t rows = s.batch * s.heads * s.seq_q, tiled = (s.seq_q + t.rows - 1) / t.rows * t.rows;
+  return s.head_dim == 64 && !s.causal && s.seq_q % 64 == 0 && s.seq_q >= 128 && rows <= INT32_MAX &&
+         (tiled - s.seq_q) * kFlatShare >= s.seq_q;
 }
 
 inline Capabilities capabilities() {

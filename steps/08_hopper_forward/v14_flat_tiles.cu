@@ -2,8 +2,8 @@
 // head's own 192-row tiles would multiply many more rows than the head has.
 //
 // Why: 192-row tiles cut a head of 1024 rows into 1152 (v10 puts the partial tile first): an
-// eighth of the rows multiplied are past the head, about a tenth of the time at N = 1024, where
-// v13's split of the last round pays too little to be taken. Q is [B·H][Nq][d] in one piece, so
+// eighth more rows than the head has, above its first row, about a tenth of the time at N = 1024,
+// where v13's split of the last round pays too little to be taken. Q is [B·H][Nq][d] in one piece, so
 // the rows of consecutive heads follow each other.
 //
 // What changed: at d = 64, not causal, Nq a multiple of 64 (at least 128), where v13 does not
@@ -628,10 +628,9 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
 // kMinSaved key blocks more than its share of the split (a piece's fixed costs, its Q load, its
 // pipeline's start and its partial result's store or merge, are about 2–3 key blocks' time; at
 // N = 1024 the split saved too little to pay for them). Flat tiles (d = 64) where the walk is not
-// split, there is no mask, Nq is a multiple of 64 (at least 128) and a head's own tiles would
-// multiply at least Nq / kFlatShare rows more than it has (above its first row, since v10; N = 1024:
-// 128 more for 1024; N = 4096 has 128 for 4096 and splits instead).
-inline constexpr int64_t kMinSaved = 8, kFlatShare = 10;
+// split and the shape's rows suit them (`flat_tiles_pay` in hopper_forward.hpp: no mask, Nq a
+// multiple of 64, at least 128, and a head's own tiles multiplying a tenth more rows than it has).
+inline constexpr int64_t kMinSaved = 8;
 
 template <int D>
 struct Plan {
@@ -647,8 +646,7 @@ struct Plan {
             left * blocks * sms < (int64_t(1) << 32);  // SplitWalk's 32 bits
     nb = split ? blocks : 1;
     const int64_t rows = s.batch * s.heads * s.seq_q;  // all heads' rows, counted in an int by the walk
-    flat = C::kFlat && !split && !s.causal && s.seq_q % 64 == 0 && s.seq_q >= 128 && rows <= INT32_MAX &&
-           (tiles * C::BR - s.seq_q) * kFlatShare >= s.seq_q;
+    flat = C::kFlat && !split && flat_tiles_pay(s);
     units = split ? single : flat ? ceil_div<int64_t>(rows, C::BR) : (C::kConsumers == 2 ? (tiles + 1) / 2 : tiles) * s.batch * s.heads;
     grid = unsigned(std::min<int64_t>(units, sms));
   }
