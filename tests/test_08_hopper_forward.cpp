@@ -135,11 +135,12 @@ void expect_split_tail_passes(const std::string& name) {
 }
 
 TEST(Hopper, SplitTailMatchesOracle) {
-  for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles"})
+  for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles",
+                           "08_hopper_forward/v15_consumer_ends"})
     expect_split_tail_passes(name);
 }
 
-// Where v13 (and v14) splits, the last piece of a tile to count in (which depends on timing) adds every
+// Where v13 (and v14, v15) splits, the last piece of a tile to count in (which depends on timing) adds every
 // piece in the same order: O and lse have the same bits on every run of the same inputs.
 void expect_split_tail_same_bits(const std::string& name) {
   FL_RUNG_OR_SKIP(r, name, Backend::Cuda);
@@ -162,8 +163,50 @@ void expect_split_tail_same_bits(const std::string& name) {
 }
 
 TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
-  for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles"})
+  for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles",
+                           "08_hopper_forward/v15_consumer_ends"})
     expect_split_tail_same_bits(name);
+}
+
+// v15_consumer_ends: under the causal mask at d = 64, each consumer of a 192-row tile stops at the
+// last key block its own 64 rows see, and only waits for and hands back the tile's later ones.
+// Causal d = 64 shapes where a tile's consumers end in different blocks: Nq = Nk (the grid's
+// kind), Nk past Nq by an offset that is no multiple of 64, Nk short of Nq (the first rows see no
+// key: a consumer with no block of its own in a tile whose others have some), GQA, and more tiles
+// than an H100 has SMs (256 and 384: a block's walk goes on after tiles whose consumers ended
+// apart, its barriers' phases counted through them). v15 against the oracle in both dtypes; and
+// its O and lse the same values as v14's, which runs every consumer to the tile's last block (a
+// block wholly masked for a row adds exactly nothing to it: its rescale is exp2(0) = 1, its P 0).
+std::vector<AttentionShape> consumer_end_shapes() {
+  return {make_shape(2, 4, 4, 1024, 1024, 64, true), make_shape(1, 4, 2, 320, 700, 64, true),
+          make_shape(1, 2, 1, 700, 300, 64, true),   make_shape(3, 3, 1, 1000, 1090, 64, true),
+          make_shape(4, 16, 4, 640, 640, 64, true),  make_shape(8, 16, 16, 512, 512, 64, true)};
+}
+
+TEST(Hopper, ConsumerEndsMatchOracleAndTheTileEnds) {
+  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v15_consumer_ends", Backend::Cuda);
+  FL_RUNG_OR_SKIP(before, "08_hopper_forward/v14_flat_tiles", Backend::Cuda);
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<Case> cases;
+    uint64_t n = 0;
+    for (const AttentionShape& s : consumer_end_shapes()) cases.push_back({s, InputKind::Normal, base_seed() + 4000 + n++});
+    expect_cases_pass(*r, t, cases);
+  }
+  uint64_t seed = base_seed() + 4100;
+  for (const AttentionShape& s : consumer_end_shapes()) {
+    SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
+    const auto inputs = make_inputs(s, DType::BF16, seed++);
+    ForwardRun mine(*r, s, DType::BF16, inputs), tiles(*before, s, DType::BF16, inputs);
+    mine.run();
+    tiles.run();
+    const ForwardOutputs a = mine.fetch(), b = tiles.fetch();
+    ASSERT_EQ(a.o.size(), b.o.size());
+    int64_t o_differ = 0, lse_differ = 0;
+    for (std::size_t i = 0; i < a.o.size(); ++i) o_differ += !(a.o[i] == b.o[i]);
+    for (std::size_t i = 0; i < a.lse.size(); ++i) lse_differ += !(a.lse[i] == b.lse[i]);
+    EXPECT_EQ(o_differ, 0) << o_differ << " of " << a.o.size() << " values of O differ from v14's";
+    EXPECT_EQ(lse_differ, 0) << lse_differ << " of " << a.lse.size() << " lse differ from v14's";
+  }
 }
 
 // v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial
