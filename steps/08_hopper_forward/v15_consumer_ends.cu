@@ -318,8 +318,9 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   if (n_blocks > 0) tma::mbar_wait(qbar, q_uses++ & 1);
   // Causal (d = 64): the key blocks this consumer's own rows see, up to its last row's limit; the
   // tile's n_blocks are its last consumer's. The same in every lane, said so (v14's `set` says why).
+  // The split and flat walks are never causal: their kernels keep v14's code.
   int n_mine = n_blocks;
-  if constexpr (!C::kStaged)
+  if constexpr (!C::kStaged && !kSplit && !kFlat)
     if (causal && n_blocks > 0) {
       const int64_t key_end = min(nk, i0 + 64 * wg + 64 + (nk - nq));  // ≤ 0: its rows see nothing
       n_mine = key_end > 0 ? min(n_blocks, int((key_end + BC - 1) / BC)) : 0;
