@@ -12,8 +12,10 @@
 // there; for the tile's blocks past its own it still waits for each K and V to land and hands the
 // buffers back, so that the producer's count of releases stays whole (an early release would be
 // counted against the block before). A consumer whose rows see no key at all hands Q back at
-// once. Without the mask, and at d = 128 (a consumer's 64 rows of a 128-row tile end in the same
-// block but where Nq and Nk differ), the walk is v14's.
+// once. The causal d = 64 walk is a kernel of its own (kEnds), so that every other one is v14's
+// code: a count of the consumer's own made the loop slower where nothing is skipped (appendix 08,
+// v10_own_limits), and at d = 128 a consumer's 64 rows of a 128-row tile end in the tile's last
+// block but where Nq and Nk differ.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -113,8 +115,9 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // ---- kernel -----------------------------------------------------------------------------------
 
 // kSplit: the non-causal walk with its last round split along the keys; kFlat: the walk of flat
-// tiles (d = 64). The launcher decides; never both.
-template <class T, int D, bool kSplit, bool kFlat>
+// tiles (d = 64); kEnds: the causal walk at d = 64, each consumer to its own last key block. The
+// launcher decides; never two.
+template <class T, int D, bool kSplit, bool kFlat, bool kEnds = false>
 __global__ void __launch_bounds__(Cfg<D>::kThreads, 1)
 wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
              const __grid_constant__ CUtensorMap to,  // O [B·H][Nq][d], in boxes of 64 rows
@@ -316,11 +319,11 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   }
   const int n_blocks = w.n_blocks;
   if (n_blocks > 0) tma::mbar_wait(qbar, q_uses++ & 1);
-  // Causal (d = 64): the key blocks this consumer's own rows see, up to its last row's limit; the
-  // tile's n_blocks are its last consumer's. The same in every lane, said so (v14's `set` says why).
-  // The split and flat walks are never causal: their kernels keep v14's code.
+  // kEnds: the key blocks this consumer's own rows see, up to its last row's causal limit; the
+  // tile's n_blocks are its last consumer's. The same in every lane, said so (v14's `set` says
+  // why). The other kernels, the non-causal d = 64 walk among them, keep v14's code.
   int n_mine = n_blocks;
-  if constexpr (!C::kStaged && !kSplit && !kFlat)
+  if constexpr (kEnds)
     if (causal && n_blocks > 0) {
       const int64_t key_end = min(nk, i0 + 64 * wg + 64 + (nk - nq));  // ≤ 0: its rows see nothing
       n_mine = key_end > 0 ? min(n_blocks, int((key_end + BC - 1) / BC)) : 0;
@@ -712,6 +715,7 @@ struct Launch {
     }
     auto* const kernel = plan.split  ? &wgmma_kernel<T, D, true, false>
                          : plan.flat ? &wgmma_kernel<T, D, false, C::kFlat>  // (never taken at d = 128)
+                         : s.causal  ? &wgmma_kernel<T, D, false, false, C::kFlat>  // d = 64: kEnds
                                      : &wgmma_kernel<T, D, false, false>;
     const std::size_t smem = C::smem_bytes(plan.flat ? 2 : 1);
     FL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
