@@ -173,14 +173,16 @@ TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
 // Causal d = 64 shapes where a tile's consumers end in different blocks: Nq = Nk (the grid's
 // kind), Nk past Nq by an offset that is no multiple of 64, Nk short of Nq (the first rows see no
 // key: a consumer with no block of its own in a tile whose others have some), GQA, and more tiles
-// than an H100 has SMs (256 and 384: a block's walk goes on after tiles whose consumers ended
-// apart, its barriers' phases counted through them). v15 against the oracle in both dtypes; and
+// than an H100 has SMs (256, 384 and 512: a block's walk goes on after tiles whose consumers ended
+// apart, its barriers' phases counted through them; in the 512, Nk short of Nq, after tiles with a
+// consumer that saw no key). v15 against the oracle in both dtypes; and
 // its O and lse the same values as v14's, which runs every consumer to the tile's last block (a
 // block wholly masked for a row adds exactly nothing to it: its rescale is exp2(0) = 1, its P 0).
 std::vector<AttentionShape> consumer_end_shapes() {
   return {make_shape(2, 4, 4, 1024, 1024, 64, true), make_shape(1, 4, 2, 320, 700, 64, true),
           make_shape(1, 2, 1, 700, 300, 64, true),   make_shape(3, 3, 1, 1000, 1090, 64, true),
-          make_shape(4, 16, 4, 640, 640, 64, true),  make_shape(8, 16, 16, 512, 512, 64, true)};
+          make_shape(4, 16, 4, 640, 640, 64, true),  make_shape(8, 16, 16, 512, 512, 64, true),
+          make_shape(8, 16, 8, 700, 300, 64, true)};
 }
 
 TEST(Hopper, ConsumerEndsMatchOracleAndTheTileEnds) {

@@ -11,11 +11,12 @@
 // What changed: under the mask, a consumer counts the key blocks its own 64 rows see and stops
 // there; for the tile's blocks past its own it still waits for each K and V to land and hands the
 // buffers back, so that the producer's count of releases stays whole (an early release would be
-// counted against the block before). A consumer whose rows see no key at all hands Q back at
-// once. The causal d = 64 walk is a kernel of its own (kEnds), so that every other one is v14's
-// code: a count of the consumer's own made the loop slower where nothing is skipped (appendix 08,
-// v10_own_limits), and at d = 128 a consumer's 64 rows of a 128-row tile end in the tile's last
-// block but where Nq and Nk differ.
+// counted against the block before): one thread does it, between two barriers of the consumer's
+// threads, since no product keeps its warps together there. A consumer whose rows see no key at
+// all hands Q back at once. The causal d = 64 walk is a kernel of its own (kEnds), so that every
+// other one is v14's code: a count of the consumer's own made the loop slower where nothing is
+// skipped (appendix 08, v10_own_limits), and at d = 128 a consumer's 64 rows of a 128-row tile end
+// in the tile's last block but where Nq and Nk differ.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -494,15 +495,26 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     if (threadIdx.x % 128 == 0) tma::mbar_arrive(vempty(last));
   }
   // The tile's blocks past this consumer's own: each K and V awaited as it lands, then handed back,
-  // by every thread's wait (a thread that missed a phase could take the next one for it, the
-  // parity being the same), so the releases count block by block as the producer expects them.
-  if (n_mine == 0 && n_blocks > 0 && threadIdx.x % 128 == 0) tma::mbar_arrive(qempty);  // Q unread
-  for (int jb = n_mine; jb < n_blocks; ++jb) {
-    const int buf = (it0 + jb) % C::kStages, phase = ((it0 + jb) / C::kStages) & 1;
-    tma::mbar_wait(kfull(buf), phase);
-    if (threadIdx.x % 128 == 0) tma::mbar_arrive(kempty(buf));
-    tma::mbar_wait(vfull(buf), phase);
-    if (threadIdx.x % 128 == 0) tma::mbar_arrive(vempty(buf));
+  // so that the releases count block by block as the producer expects them. A wait names a phase
+  // by its parity alone, so a thread must come to each wait neither a phase early (it would pass
+  // at once) nor two late (it would wait for a phase that needs its own warpgroup's next
+  // products). No product ties the warps together here, so one thread does the waits and the
+  // hand-backs between two barriers of the consumer's 128 threads: the first holds them until
+  // every warp is past this tile's waits, the second until these blocks have landed, before any
+  // goes on to the next tile's.
+  if (n_mine < n_blocks) {
+    sync_consumer(wg);
+    if (threadIdx.x % 128 == 0) {
+      if (n_mine == 0) tma::mbar_arrive(qempty);  // Q unread
+      for (int jb = n_mine; jb < n_blocks; ++jb) {
+        const int buf = (it0 + jb) % C::kStages, phase = ((it0 + jb) / C::kStages) & 1;
+        tma::mbar_wait(kfull(buf), phase);
+        tma::mbar_arrive(kempty(buf));
+        tma::mbar_wait(vfull(buf), phase);
+        tma::mbar_arrive(vempty(buf));
+      }
+    }
+    sync_consumer(wg);
   }
   it0 += n_blocks;
 
