@@ -913,8 +913,10 @@ void list_rungs(std::ostream& os) {
   g.add({"11_ring_attention/v2_nccl", "cuda", "a rank a GPU, the shards over NCCL, set up on every call"});
   for (const ring::NcclRingVersion& v : ring::kNcclRingVersions)
     g.add({std::string("11_ring_attention/") + v.name, "cuda", v.idea});
-#else
+#elif defined(FLASH_LADDER_HAS_CUDA)
   g.add({"11_ring_attention/v2_nccl .. v5_backward", "-", "not in this build: CMake found no NCCL"});
+#else
+  g.add({"11_ring_attention/v2_nccl .. v5_backward", "-", "not in this build: it has no CUDA (and so no NCCL)"});
 #endif
   g.print(os);
 }
@@ -1022,7 +1024,10 @@ int decode_main(const Options& opt) {
   for (int32_t L : run.len) lens += (lens.empty() ? "" : ",") + std::to_string(L);
   std::cout << "Flash Ladder, rung 10 (decoding): " << s.str() << ", " << dtype_name(t) << ", lengths {" << lens
             << "}, " << splits << " piece" << (splits > 1 ? "s" : "") << " per sequence"
-            << (opt.splits > 0 ? "" : " (chosen for " + std::to_string(sms) + " SMs)") << "\nK and V: "
+            << (opt.splits > 0 ? ""
+                : gpu.use  ? " (chosen for this GPU's " + std::to_string(sms) + " SMs)"
+                           : " (chosen for " + std::to_string(sms) + " SMs, an H100's or H200's: no GPU here)")
+            << "\nK and V: "
             << describe_bytes(kv_bytes) << " read once per KV head; checked against the fp64 oracle, every sequence\n";
   if (opt.device == "all" && !gpu.use) std::cout << "GPU kernels skipped: " << gpu.why << '\n';
   std::cerr << "fp64 oracle...\n";

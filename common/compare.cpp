@@ -33,7 +33,9 @@ std::string ErrorStats::str() const {
   std::snprintf(buf, sizeof buf, "rel_l2=%.2e max_abs=%.2e", rel_l2, max_abs);
   std::string s = buf;
   if (bad) s += "; " + std::to_string(bad) + " of " + std::to_string(count) +
-                " non-finite or unwritten (first at index " + std::to_string(first_bad) + ")";
+                " wrong in kind: NaN or ±∞ where the oracle's value is finite (an output never written stays "
+                "NaN, the harness's poison), or finite where it is ±∞ (first at index " +
+                std::to_string(first_bad) + ")";
   return s;
 }
 

@@ -6,16 +6,23 @@
 
 namespace fl::gpu {
 namespace {
+// Why there is no CUDA here, as CMake knew it: switched off (FLASH_LADDER_CUDA=OFF, the cpu
+// preset's choice) or no CUDA compiler found; each has its own remedy.
+#if FLASH_LADDER_CUDA_SWITCHED_OFF
+constexpr const char* kWhy = "built without CUDA (configured with FLASH_LADDER_CUDA=OFF, as the cpu preset does)";
+constexpr const char* kRemedy = "configure a build with CUDA (cmake --preset default) to get them";
+#else
+constexpr const char* kWhy = "built without CUDA (no nvcc at configure time)";
+constexpr const char* kRemedy = "install the CUDA Toolkit (nvcc on PATH) and reconfigure";
+#endif
 [[noreturn]] void no_cuda(const char* what) {
-  throw std::runtime_error(std::string(what) +
-                           ": this build has no GPU rungs (no CUDA compiler was found when it was "
-                           "configured); install the CUDA Toolkit and reconfigure");
+  throw std::runtime_error(std::string(what) + ": this build has no GPU rungs (" + kWhy + "); " + kRemedy);
 }
 }  // namespace
 
 bool built_with_cuda() { return false; }
 bool available(std::string* why) {
-  if (why) *why = "built without CUDA (no nvcc at configure time)";
+  if (why) *why = kWhy;
   return false;
 }
 std::string device_name() { no_cuda("device_name"); }

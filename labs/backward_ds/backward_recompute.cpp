@@ -1,5 +1,5 @@
-// LAB backward_ds (docs/labs.md): fill in the TODO(lab) lines, then grade:
-// ctest -L lab_backward_ds (from build-cpu/, or build/ with the GPU rungs; docs/labs.md).
+// LAB backward_ds (docs/labs.md): fill in the TODO(lab) lines, then rebuild and grade (build/ in
+// place of build-cpu/ with the GPU rungs): cmake --build build-cpu --target lab_backward_ds && ctest --test-dir build-cpu -L lab_backward_ds --output-on-failure
 // Rung 07, CPU twin: FlashAttention-2's backward with Eigen blocks, every block counted, in the
 // precision of either kernel.
 #include "backward_recompute.hpp"

@@ -1,5 +1,5 @@
-// LAB fa2_kernel_loop (docs/labs.md), needs a GPU: fill in the TODO(lab) lines, then grade:
-// ctest -L lab_fa2_kernel_loop (from build/, the build with the GPU rungs; docs/labs.md).
+// LAB fa2_kernel_loop (docs/labs.md), needs a GPU: fill in the TODO(lab) lines, then rebuild and
+// grade in the build with the GPU rungs: cmake --build build --target lab_fa2_kernel_loop && ctest --test-dir build -L lab_fa2_kernel_loop --output-on-failure
 // Rung 05, GPU: FlashAttention-2's loop order, fp32 on CUDA cores.
 //
 // What changed from rung 04: the loops are swapped. A thread block owns one B_r-row block of Q

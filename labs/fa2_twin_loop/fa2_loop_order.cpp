@@ -1,5 +1,5 @@
-// LAB fa2_twin_loop (docs/labs.md): fill in the TODO(lab) lines, then grade:
-// ctest -L lab_fa2_twin_loop (from build-cpu/, or build/ with the GPU rungs; docs/labs.md).
+// LAB fa2_twin_loop (docs/labs.md): fill in the TODO(lab) lines, then rebuild and grade (build/ in
+// place of build-cpu/ with the GPU rungs): cmake --build build-cpu --target lab_fa2_twin_loop && ctest --test-dir build-cpu -L lab_fa2_twin_loop --output-on-failure
 // Rung 05, CPU twin: FlashAttention-2's loop order with Eigen blocks, every block counted.
 #include "fa2_loop_order.hpp"
 

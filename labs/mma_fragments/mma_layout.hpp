@@ -1,5 +1,5 @@
 // LAB mma_fragments (docs/labs.md), part 1 of 2 (part 2: swizzle.hpp's a_pattern, b_pattern):
-// fill in the TODO(lab) lines, then grade: ctest -L lab_mma_fragments (from build-cpu/, or build/ with the GPU rungs; docs/labs.md). No GPU needed.
+// fill in the TODO(lab) lines, then rebuild and grade (no GPU needed; build/ in place of build-cpu/ with the GPU rungs): cmake --build build-cpu --target lab_mma_fragments && ctest --test-dir build-cpu -L lab_mma_fragments --output-on-failure
 // Which lane of a warp holds which element of an mma.sync.m16n8k16 tile (fp16/bf16 inputs, fp32
 // accumulators), from the PTX ISA's "Matrix Fragments for mma.m16n8k16". The kernel indexes its
 // fragments through these functions and tests/test_06_tensor_core_mma.cpp checks them on the CPU

@@ -1,5 +1,5 @@
 // LAB mma_fragments (docs/labs.md), part 2 of 2 (part 1: mma_layout.hpp): fill in the TODO(lab)
-// lines of a_pattern and b_pattern at the end of the file, then grade: ctest -L lab_mma_fragments.
+// lines of a_pattern and b_pattern at the end of the file, then rebuild and grade: cmake --build build-cpu --target lab_mma_fragments && ctest --test-dir build-cpu -L lab_mma_fragments --output-on-failure
 // The swizzled shared-memory tile that rung 06 introduces (v4) and rung 07 reuses, and the address
 // arithmetic of rung 06's v8: the part of an ldmatrix or cp.async address that depends on the lane
 // is worked out once per thread, before the main loop, so that inside the loop each load is one

@@ -1,5 +1,5 @@
 // LAB online_softmax_merge (docs/labs.md): fill in the TODO(lab) lines of this file and of
-// online_softmax.cpp beside it, then grade: ctest -L lab_online_softmax_merge (from build-cpu/, or build/ with the GPU rungs; docs/labs.md).
+// online_softmax.cpp beside it, then rebuild and grade (build/ in place of build-cpu/ with the GPU rungs): cmake --build build-cpu --target lab_online_softmax_merge && ctest --test-dir build-cpu -L lab_online_softmax_merge --output-on-failure
 // Rung 02: the online softmax (Milakov & Gimelshein, 2018): the max and the normaliser in one
 // sweep, with rung 00's passes 1 and 3.
 #pragma once

@@ -455,25 +455,31 @@ void NcclRank::backward(const void*, const void*, const void*, const void*, cons
 }
 
 #if !FLASH_LADDER_HAS_NCCL
+// Why, as CMake knew it: it looks for NCCL only in a build with CUDA.
+#if FLASH_LADDER_HAS_CUDA
+constexpr const char* kNoNccl = "this build has no NCCL (CMake found none)";
+#else
+constexpr const char* kNoNccl = "this build has no NCCL (it has no CUDA, so none was looked for)";
+#endif
 std::unique_ptr<NcclRank> nccl_ring_open(const std::string&, const RingShape&, DType, void*, void*, const std::string&) {
-  throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
+  throw bad(std::string(kNoNccl) + ": the ring across GPUs is left out");
 }
 const Rung& gpu_local_backward_rung(DType) {
-  throw bad("this build has no NCCL (CMake found none): the ring's backward runs on the GPUs only with it");
+  throw bad(std::string(kNoNccl) + ": the ring's backward runs on the GPUs only with it");
 }
 void nccl_ring_forward(const RingShape&, DType, const void*, const void*, const void*, void*, float*, void*, void*,
                        const std::string&) {
-  throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
+  throw bad(std::string(kNoNccl) + ": the ring across GPUs is left out");
 }
 bool nccl_built() { return false; }
-void nccl_unique_id(void*) { throw bad("this build has no NCCL (CMake found none): no communicator to make"); }
+void nccl_unique_id(void*) { throw bad(std::string(kNoNccl) + ": no communicator to make"); }
 void* nccl_comm_init(const void*, int, int) {
-  throw bad("this build has no NCCL (CMake found none): no communicator to make");
+  throw bad(std::string(kNoNccl) + ": no communicator to make");
 }
-void nccl_comm_destroy(void*) { throw bad("this build has no NCCL (CMake found none): no communicator to free"); }
+void nccl_comm_destroy(void*) { throw bad(std::string(kNoNccl) + ": no communicator to free"); }
 std::vector<std::string> nccl_ring_forward_on_gpus(const RingShape&, DType, const void*, const void*, const void*, void*,
                                                    float*, int, double*) {
-  throw bad("this build has no NCCL (CMake found none): the ring across GPUs is left out");
+  throw bad(std::string(kNoNccl) + ": the ring across GPUs is left out");
 }
 #endif
 #if !FLASH_LADDER_HAS_CUDA
