@@ -724,6 +724,56 @@ class Notes {
 
 std::string tflops(double flops, double ms) { return std::isfinite(ms) ? sig3(flops / (ms * 1e-3) / 1e12) : "-"; }
 
+// Rows of rungs that do not take the run's dtype at all (fp32, the default, for every tensor-core
+// rung: dozens of versions) stay out of a table that has other rows, and are named in one line
+// under it instead, a line for each set of dtypes they take.
+bool takes_dtype(const Rung& r, DType t) {
+  const auto& d = r.caps().dtypes;
+  return std::find(d.begin(), d.end(), t) != d.end();
+}
+
+template <class R>
+std::vector<const R*> shown_rows(const std::vector<R>& rows, DType t) {
+  std::vector<const R*> shown;
+  for (const R& r : rows)
+    if (!(r.refused && !takes_dtype(*r.rung, t))) shown.push_back(&r);
+  if (shown.empty())  // every row: keep them all, each with its reason
+    for (const R& r : rows) shown.push_back(&r);
+  return shown;
+}
+
+template <class R>
+void print_left_out(const std::vector<R>& rows, const std::vector<const R*>& shown, DType t, std::ostream& os) {
+  const auto rung_of = [](const std::string& name) { return name.substr(0, name.find('/')); };
+  std::vector<std::string> takes;  // each set of dtypes, in first-seen order
+  std::map<std::string, std::vector<std::vector<std::string>>> by_takes;  // -> each rung's versions
+  for (const R& r : rows) {
+    if (std::find(shown.begin(), shown.end(), &r) != shown.end()) continue;
+    std::string allowed;
+    for (DType d : r.rung->caps().dtypes) allowed += (allowed.empty() ? "" : " and ") + std::string(dtype_name(d));
+    if (!by_takes.count(allowed)) takes.push_back(allowed);
+    auto& rungs = by_takes[allowed];
+    const std::string name = r.rung->name();
+    if (rungs.empty() || rung_of(rungs.back().front()) != rung_of(name)) rungs.push_back({});
+    rungs.back().push_back(name);
+  }
+  for (const std::string& a : takes) {
+    std::string list;
+    std::size_t n = 0;
+    for (const auto& versions : by_takes[a]) {
+      const std::string rung = rung_of(versions.front());
+      const auto version = [&](const std::string& name) { return name.substr(std::min(name.size(), rung.size() + 1)); };
+      list += (list.empty() ? "" : ", ") +
+              (versions.size() == 1 ? versions.front()
+                                    : rung + " (" + std::to_string(versions.size()) + " versions: " +
+                                          version(versions.front()) + " to " + version(versions.back()) + ")");
+      n += versions.size();
+    }
+    os << "Not in the table: " << n << " version" << (n > 1 ? "s" : "") << " that take " << a << ", not "
+       << dtype_name(t) << " (--dtype " << a.substr(a.rfind(' ') + 1) << " runs them): " << list << ".\n";
+  }
+}
+
 // A relative L2 error, or how many elements are bad (see rel_error).
 std::string error_cell(const ErrorStats& e) {
   return e.bad > 0 ? std::to_string(e.bad) + " bad" : fmt("%.1e", e.rel_l2);
@@ -736,7 +786,9 @@ void print_table(const std::vector<Row>& rows, const Problem& p, std::ostream& o
   Notes notes;
   auto note_ref = [&](const std::string& n) { return notes.ref(n); };
   const double flops = p.shape.flops_forward();
-  for (const Row& r : rows) {
+  const std::vector<const Row*> shown = shown_rows(rows, p.dtype);
+  for (const Row* row : shown) {
+    const Row& r = *row;
     const bool ran = std::isfinite(r.ms);
     const bool sized = std::isfinite(r.extra_bytes);
     std::string check = r.status_name();
@@ -749,6 +801,7 @@ void print_table(const std::vector<Row>& rows, const Problem& p, std::ostream& o
   }
   t.print(os);
   notes.print(os);
+  print_left_out(rows, shown, p.dtype, os);
 }
 
 void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p, std::ostream& os) {
@@ -783,7 +836,9 @@ void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p
            "modelled IO", "extra memory", "rel err dQ", "rel err dK", "rel err dV", "check"},
           {false, false, false, true, true, true, true, true, true, true, true, true, false});
   Notes notes;
-  for (const BackwardRow& r : rows) {
+  const std::vector<const BackwardRow*> shown = shown_rows(rows, p.dtype);
+  for (const BackwardRow* row : shown) {
+    const BackwardRow& r = *row;
     std::string check = status_name(r.status);
     if (!r.note.empty()) check += notes.ref(r.note);
     const bool checked = r.check.has_value();
@@ -797,6 +852,7 @@ void print_backward_table(const std::vector<BackwardRow>& rows, const Problem& p
   }
   t.print(os);
   notes.print(os);
+  print_left_out(rows, shown, p.dtype, os);
 }
 
 // floor_l2: the condition floor (how far inputs changed by the tolerance move the exact answer).

@@ -95,12 +95,36 @@ Registry& Registry::instance() {
   return r;
 }
 
+bool natural_less(std::string_view a, std::string_view b) {
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      std::size_t ie = i, je = j;
+      while (ie < a.size() && digit(a[ie])) ++ie;
+      while (je < b.size() && digit(b[je])) ++je;
+      // The numbers' values, without their leading zeros: the longer is the larger, else by digits.
+      std::string_view x = a.substr(i, ie - i), y = b.substr(j, je - j);
+      x.remove_prefix(std::min(x.find_first_not_of('0'), x.size()));
+      y.remove_prefix(std::min(y.find_first_not_of('0'), y.size()));
+      if (x.size() != y.size()) return x.size() < y.size();
+      if (x != y) return x < y;
+      if (ie - i != je - j) return ie - i < je - j;  // equal values: fewer written digits first
+      i = ie, j = je;
+    } else {
+      if (a[i] != b[j]) return a[i] < b[j];
+      ++i, ++j;
+    }
+  }
+  return a.size() - i < b.size() - j;
+}
+
 void Registry::add(std::unique_ptr<Rung> r) {
   if (find(r->name(), r->backend()))
     throw std::logic_error("rung " + r->label() + " registered twice");
   rungs_.push_back(std::move(r));
   std::stable_sort(rungs_.begin(), rungs_.end(), [](const auto& a, const auto& b) {
-    if (a->name() != b->name()) return a->name() < b->name();
+    if (a->name() != b->name()) return natural_less(a->name(), b->name());
     return int(a->backend()) < int(b->backend());
   });
 }

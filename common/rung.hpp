@@ -113,11 +113,15 @@ class Rung {
   std::string step() const;  // the directory part of name(): "06_tensor_core_mma"
 };
 
+// Names in the order a reader counts them: runs of digits compare as numbers, so that
+// 08_hopper_forward/v9_three_consumers comes before v10_end_aligned (as text it would come after).
+bool natural_less(std::string_view a, std::string_view b);
+
 class Registry {
  public:
   static Registry& instance();
   void add(std::unique_ptr<Rung> r);  // refuses a duplicate (name, backend)
-  std::vector<const Rung*> all() const;  // ordered by name, then CPU before CUDA
+  std::vector<const Rung*> all() const;  // ordered by name (natural_less), then CPU before CUDA
   const Rung* find(std::string_view name, Backend b) const;  // nullptr if not built
   std::vector<std::string> names() const;  // distinct names, in order
   // The GPU rungs of this build with a deterministic backward, "a, b" (for messages); "none" if

@@ -210,8 +210,23 @@ TEST(IoCounter, CountsEveryByteAndRefusesOutOfBounds) {
 
 TEST(Registry, RungsAreOrderedAndFoundByNameAndBackend) {
   const auto names = Registry::instance().names();
-  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end(), natural_less));
+  for (std::size_t i = 1; i < names.size(); ++i) EXPECT_NE(names[i - 1], names[i]);
   EXPECT_EQ(Registry::instance().find("no_such_rung", Backend::Cpu), nullptr);
+}
+
+// Versions in the order they were built: v9 before v10, as a student counts, not as text sorts.
+TEST(Registry, NamesCompareTheirNumbersAsNumbers) {
+  EXPECT_TRUE(natural_less("08_hopper_forward/v9_three_consumers", "08_hopper_forward/v10_end_aligned"));
+  EXPECT_FALSE(natural_less("08_hopper_forward/v10_end_aligned", "08_hopper_forward/v9_three_consumers"));
+  EXPECT_TRUE(natural_less("06_tensor_core_mma/v1_mma", "06_tensor_core_mma/v2_ldmatrix"));
+  EXPECT_TRUE(natural_less("07_backward_recompute", "07_backward_recompute/mma"));  // a prefix first
+  EXPECT_TRUE(natural_less("07_backward_recompute/mma", "07_backward_recompute/v1_mma"));
+  EXPECT_TRUE(natural_less("05_fa2_loop_order", "06_tensor_core_mma"));
+  EXPECT_TRUE(natural_less("v2", "v02"));  // the same value: fewer digits first, so the order is total
+  EXPECT_FALSE(natural_less("v2_a", "v2_a"));
+  EXPECT_TRUE(natural_less("a", "a1"));
+  EXPECT_FALSE(natural_less("a1", "a"));
 }
 
 // Where there is no GPU the reason says so in plain words (the CUDA runtime's own text for a
