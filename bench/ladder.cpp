@@ -744,27 +744,25 @@ std::vector<const R*> shown_rows(const std::vector<R>& rows, DType t) {
 
 template <class R>
 void print_left_out(const std::vector<R>& rows, const std::vector<const R*>& shown, DType t, std::ostream& os) {
-  const auto rung_of = [](const std::string& name) { return name.substr(0, name.find('/')); };
   std::vector<std::string> takes;  // each set of dtypes, in first-seen order
-  std::map<std::string, std::vector<std::vector<std::string>>> by_takes;  // -> each rung's versions
+  std::map<std::string, std::vector<std::vector<const Rung*>>> by_takes;  // -> each rung's versions
   for (const R& r : rows) {
     if (std::find(shown.begin(), shown.end(), &r) != shown.end()) continue;
     std::string allowed;
     for (DType d : r.rung->caps().dtypes) allowed += (allowed.empty() ? "" : " and ") + std::string(dtype_name(d));
     if (!by_takes.count(allowed)) takes.push_back(allowed);
     auto& rungs = by_takes[allowed];
-    const std::string name = r.rung->name();
-    if (rungs.empty() || rung_of(rungs.back().front()) != rung_of(name)) rungs.push_back({});
-    rungs.back().push_back(name);
+    if (rungs.empty() || rungs.back().front()->step() != r.rung->step()) rungs.push_back({});
+    rungs.back().push_back(r.rung);
   }
   for (const std::string& a : takes) {
     std::string list;
     std::size_t n = 0;
     for (const auto& versions : by_takes[a]) {
-      const std::string rung = rung_of(versions.front());
-      const auto version = [&](const std::string& name) { return name.substr(std::min(name.size(), rung.size() + 1)); };
+      const std::string rung = versions.front()->step();
+      const auto version = [&](const Rung* v) { return v->name().substr(std::min(v->name().size(), rung.size() + 1)); };
       list += (list.empty() ? "" : ", ") +
-              (versions.size() == 1 ? versions.front()
+              (versions.size() == 1 ? versions.front()->name()
                                     : rung + " (" + std::to_string(versions.size()) + " versions: " +
                                           version(versions.front()) + " to " + version(versions.back()) + ")");
       n += versions.size();
