@@ -727,6 +727,8 @@ bool is_lab_claim(const DiffClaim& d) { return starts_with(d.a, "labs/") || star
 void expect_claims_hold(bool labs) {
   const auto claims = all_diff_claims();
   ASSERT_FALSE(claims.empty()) << "no diff command found in the docs";
+  EXPECT_TRUE(std::any_of(claims.begin(), claims.end(), [&](const DiffClaim& d) { return is_lab_claim(d) == labs; }))
+      << "no " << (labs ? "lab" : "chapter") << " diff found in the docs: this check would pass on nothing";
   for (const DiffClaim& d : claims) {
     if (is_lab_claim(d) != labs) continue;
     SCOPED_TRACE(d.page + ": diff " + d.a + " " + d.b);
