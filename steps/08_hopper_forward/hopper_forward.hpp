@@ -38,8 +38,6 @@
 //                end (N = 1024), tiles cut from all heads' rows at once.
 //   v15_consumer_ends  causal, at d = 64, each consumer stops at its own rows' last key block
 //                instead of its tile's.
-//   v16_half_blocks  causal, at d = 64, a consumer's last block multiplied on its first 64 keys
-//                alone where its rows see no more.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -56,7 +54,7 @@ namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
                      V9ThreeConsumers, V10EndAligned, V11TmaStore, V12SplitKv,
-                     V13SplitTail, V14FlatTiles, V15ConsumerEnds, V16HalfBlocks };
+                     V13SplitTail, V14FlatTiles, V15ConsumerEnds };
 
 struct VersionInfo {
   Version version;
@@ -104,17 +102,13 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V15ConsumerEnds, "08_hopper_forward/v15_consumer_ends",
      "v14 + under the causal mask at d = 64, each consumer of a 192-row tile stops at the last key block its "
      "own 64 rows see instead of the tile's, handing the later blocks' buffers back as they land"},
-    {Version::V16HalfBlocks, "08_hopper_forward/v16_half_blocks",
-     "v15 + under the causal mask at d = 64, a consumer's last key block multiplied on its first 64 keys alone "
-     "(an n64 Q*K^T, half the softmax, half the P*V) where its rows see none of the other 64"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V16HalfBlocks) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V15ConsumerEnds) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the fastest or within 0.5 % of the fastest of v7, v14 and v15 on every cell
 // of chapter 08's grid (run 132): the forward rung 09 pairs with and rung 11's steps run. A new
 // version moves every one of them by being added last.
-// v16 is on trial (chapter 08's appendix): until the GPU tests have run on it, kNewest is v15.
-inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 2].name;
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // consumer warpgroups of 64 rows each, two (three in v9 at d = 64), 128 keys.
