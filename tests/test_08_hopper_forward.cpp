@@ -142,10 +142,12 @@ TEST(Hopper, SplitTailMatchesOracle) {
 
 // Where v13 (and v14, v15) splits, the last piece of a tile to count in (which depends on timing) adds every
 // piece in the same order: O and lse have the same bits on every run of the same inputs.
-void expect_split_tail_same_bits(const std::string& name) {
+void expect_split_tail_same_bits(const std::string& name,
+                                 const std::vector<AttentionShape>& shapes = {make_shape(1, 8, 2, 2100, 1500, 128, false),
+                                                                              make_shape(1, 70, 70, 300, 1400, 64, false)}) {
   FL_RUNG_OR_SKIP(r, name, Backend::Cuda);
   uint64_t seed = base_seed() + 3000;
-  for (const AttentionShape& s : {make_shape(1, 8, 2, 2100, 1500, 128, false), make_shape(1, 70, 70, 300, 1400, 64, false)}) {
+  for (const AttentionShape& s : shapes) {
     SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
     ForwardRun run(*r, s, DType::BF16, make_inputs(s, DType::BF16, seed++));
     run.run();
@@ -164,8 +166,46 @@ void expect_split_tail_same_bits(const std::string& name) {
 
 TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
   for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles",
-                           "08_hopper_forward/v15_consumer_ends"})
+                           "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_flat_split"})
     expect_split_tail_same_bits(name);
+}
+
+// v16_flat_split splits the flat walk's last round along the keys (v13's split on v14's tiles cut
+// from all heads' rows), where a block's share saves kMinSavedFlat = 4 key blocks. Non-causal d = 64
+// shapes that take the flat walk and, on 132 SMs, split it: GQA with ragged Nk (171 tiles: one
+// whole round, 39 tiles left), a last tile with two empty consumers (Nq = 832: 174 tiles), two
+// whole rounds first and pieces of up to 7 key blocks (Nk = 2000), and shares that are empty for
+// some blocks (143 tiles: 11 left, 88 key blocks for 132 blocks).
+std::vector<AttentionShape> flat_split_shapes() {
+  return {make_shape(4, 8, 2, 1024, 1000, 64, false), make_shape(1, 40, 40, 832, 1100, 64, false),
+          make_shape(2, 32, 8, 1024, 2000, 64, false), make_shape(1, 61, 61, 448, 1024, 64, false)};
+}
+
+TEST(Hopper, FlatSplitTakesTheFlatWalksLastRoundAndMatchesOracle) {
+  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v16_flat_split", Backend::Cuda);
+  FL_RUNG_OR_SKIP(before, "08_hopper_forward/v15_consumer_ends", Backend::Cuda);
+  // The split walk, and it alone, asks for a workspace: on 132 SMs each shape here, and the grid's
+  // 16 x 16 x 1024, d = 64 cell, splits in v16 and not in v15 (which walks them flat, unsplit).
+  if (gpu::sm_count() == 132) {
+    std::vector<AttentionShape> shapes = flat_split_shapes();
+    shapes.push_back(make_shape(16, 16, 16, 1024, 1024, 64, false));
+    for (const AttentionShape& s : shapes) {
+      EXPECT_TRUE(hopper::flat_tiles_pay(s)) << s.str();
+      EXPECT_GT(r->workspace_bytes(s, DType::BF16), 0u) << s.str() << " does not split in v16";
+      EXPECT_EQ(before->workspace_bytes(s, DType::BF16), 0u) << s.str() << " splits in v15";
+    }
+  } else {
+    std::cout << "[   NOTE   ] this GPU has " << gpu::sm_count() << " SMs, not 132: some of these shapes may not "
+              << "split here, and where they do not, this test checks v14's flat walk again\n";
+  }
+  for (DType t : {DType::BF16, DType::F16}) {
+    std::vector<Case> cases;
+    uint64_t n = 0;
+    for (const AttentionShape& s : flat_split_shapes()) cases.push_back({s, InputKind::Normal, base_seed() + 4300 + n++});
+    expect_cases_pass(*r, t, cases);
+  }
+  // The tile's last piece to count in adds every piece in the same order, whichever it is.
+  expect_split_tail_same_bits("08_hopper_forward/v16_flat_split", {flat_split_shapes()[0]});
 }
 
 // v15_consumer_ends: under the causal mask at d = 64, each consumer of a 192-row tile stops at the

@@ -38,6 +38,8 @@
 //                end (N = 1024), tiles cut from all heads' rows at once.
 //   v15_consumer_ends  causal, at d = 64, each consumer stops at its own rows' last key block
 //                instead of its tile's.
+//   v16_flat_split  the flat walk (v14) taken before the split is weighed, and its last round
+//                split along the keys (v13's split on the flat walk's tiles).
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -54,7 +56,7 @@ namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
                      V9ThreeConsumers, V10EndAligned, V11TmaStore, V12SplitKv,
-                     V13SplitTail, V14FlatTiles, V15ConsumerEnds };
+                     V13SplitTail, V14FlatTiles, V15ConsumerEnds, V16FlatSplit };
 
 struct VersionInfo {
   Version version;
@@ -102,13 +104,17 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V15ConsumerEnds, "08_hopper_forward/v15_consumer_ends",
      "v14 + under the causal mask at d = 64, each consumer of a 192-row tile stops at the last key block its "
      "own 64 rows see instead of the tile's, handing the later blocks' buffers back as they land"},
+    {Version::V16FlatSplit, "08_hopper_forward/v16_flat_split",
+     "v15 + at d = 64 without the mask, where tiles are cut from all heads' rows (v14), the walk's last round "
+     "split along the keys over every thread block (v13's split on the flat tiles; N = 1024)"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V15ConsumerEnds) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V16FlatSplit) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the fastest or within 0.5 % of the fastest of v7, v14 and v15 on every cell
 // of chapter 08's grid (run 132): the forward rung 09 pairs with and rung 11's steps run. A new
 // version moves every one of them by being added last.
-inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
+// v16 is on trial (chapter 08's appendix): until the GPU tests have run on it, kNewest is v15.
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 2].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // consumer warpgroups of 64 rows each, two (three in v9 at d = 64), 128 keys.
@@ -119,7 +125,8 @@ constexpr tensor_core_mma::Tiling tiling(Version v, int64_t d) {
 }
 
 // v14_flat_tiles: whether a shape's rows suit tiles cut from all heads' rows at once, by the shape
-// alone (v14's launcher also needs the walk not to split, which depends on the GPU): d = 64 (192-row
+// alone (v14's and v15's launchers also need the walk not to split, which depends on the GPU; v16's
+// takes it first and may split it): d = 64 (192-row
 // tiles), no mask, Nq a multiple of 64 and at least 128 (a consumer's 64 rows in one head, a
 // tile's in at most two), all rows countable in an int, and a head's own tiles multiplying at
 // least a tenth more rows than it has (N = 1024: 1152 for 1024; N = 4096: 4224 for 4096, too few
