@@ -174,7 +174,7 @@ TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
 // from all heads' rows), where a block's share saves kMinSavedFlat = 4 key blocks. Non-causal d = 64
 // shapes that take the flat walk and, on 132 SMs, split it: GQA with ragged Nk (171 tiles: one
 // whole round, 39 tiles left), a last tile with two empty consumers (Nq = 832: 174 tiles), two
-// whole rounds first and pieces of up to 7 key blocks (Nk = 2000), and shares that are empty for
+// whole rounds first and pieces of up to 10 key blocks (Nk = 2000), and shares that are empty for
 // some blocks (143 tiles: 11 left, 88 key blocks for 132 blocks).
 std::vector<AttentionShape> flat_split_shapes() {
   return {make_shape(4, 8, 2, 1024, 1000, 64, false), make_shape(1, 40, 40, 832, 1100, 64, false),

@@ -178,7 +178,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   };
   auto tile_at = [&](int k) {
     Tile w{};
-    int m, n_piece = -1, flat = 0;
+    int m = 0, n_piece = -1, flat = 0;  // (m unused by a flat walk)
     if constexpr (kSplit) {  // whole tiles k·G + b, then this block's share of the rest
       int tile;
       if (uint32_t(k) < sw.rounds) {
