@@ -166,7 +166,8 @@ void expect_split_tail_same_bits(const std::string& name,
 
 TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
   for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles",
-                           "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_flat_split"})
+                           "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_flat_split",
+                           "08_hopper_forward/v17_half_ends"})
     expect_split_tail_same_bits(name);
 }
 
@@ -225,30 +226,54 @@ std::vector<AttentionShape> consumer_end_shapes() {
           make_shape(8, 16, 8, 700, 300, 64, true)};
 }
 
-TEST(Hopper, ConsumerEndsMatchOracleAndTheTileEnds) {
-  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v15_consumer_ends", Backend::Cuda);
-  FL_RUNG_OR_SKIP(before, "08_hopper_forward/v14_flat_tiles", Backend::Cuda);
+// `name` against the oracle on `shapes` in both dtypes, and its O and lse the same values as
+// `before`'s on each (bf16).
+void expect_oracle_and_values_of(const char* name, const char* before_name, const std::vector<AttentionShape>& shapes,
+                                 uint64_t seed_base) {
+  FL_RUNG_OR_SKIP(r, name, Backend::Cuda);
+  FL_RUNG_OR_SKIP(before, before_name, Backend::Cuda);
   for (DType t : {DType::BF16, DType::F16}) {
     std::vector<Case> cases;
     uint64_t n = 0;
-    for (const AttentionShape& s : consumer_end_shapes()) cases.push_back({s, InputKind::Normal, base_seed() + 4000 + n++});
+    for (const AttentionShape& s : shapes) cases.push_back({s, InputKind::Normal, seed_base + n++});
     expect_cases_pass(*r, t, cases);
   }
-  uint64_t seed = base_seed() + 4100;
-  for (const AttentionShape& s : consumer_end_shapes()) {
+  uint64_t seed = seed_base + 100;
+  for (const AttentionShape& s : shapes) {
     SCOPED_TRACE(s.str() + " seed=" + std::to_string(seed));
     const auto inputs = make_inputs(s, DType::BF16, seed++);
-    ForwardRun mine(*r, s, DType::BF16, inputs), tiles(*before, s, DType::BF16, inputs);
+    ForwardRun mine(*r, s, DType::BF16, inputs), theirs(*before, s, DType::BF16, inputs);
     mine.run();
-    tiles.run();
-    const ForwardOutputs a = mine.fetch(), b = tiles.fetch();
+    theirs.run();
+    const ForwardOutputs a = mine.fetch(), b = theirs.fetch();
     ASSERT_EQ(a.o.size(), b.o.size());
     int64_t o_differ = 0, lse_differ = 0;
     for (std::size_t i = 0; i < a.o.size(); ++i) o_differ += !(a.o[i] == b.o[i]);
     for (std::size_t i = 0; i < a.lse.size(); ++i) lse_differ += !(a.lse[i] == b.lse[i]);
-    EXPECT_EQ(o_differ, 0) << o_differ << " of " << a.o.size() << " values of O differ from v14's";
-    EXPECT_EQ(lse_differ, 0) << lse_differ << " of " << a.lse.size() << " lse differ from v14's";
+    EXPECT_EQ(o_differ, 0) << o_differ << " of " << a.o.size() << " values of O differ from " << before_name << "'s";
+    EXPECT_EQ(lse_differ, 0) << lse_differ << " of " << a.lse.size() << " lse differ from " << before_name << "'s";
   }
+}
+
+TEST(Hopper, ConsumerEndsMatchOracleAndTheTileEnds) {
+  expect_oracle_and_values_of("08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v14_flat_tiles",
+                              consumer_end_shapes(), base_seed() + 4000);
+}
+
+// v17_half_ends: under the causal mask at d = 64, a consumer whose rows' keys end in the first
+// half of its last 128-key block multiplies that block on its first 64 keys alone, after its
+// loop. On the shapes above (Nq = Nk: every other consumer, a consumer whose only block is half;
+// the offsets: some of them), Nk = 300 (the last consumer's keys end 44 into a block, at Nk),
+// Nq = Nk = 1000 (a partial first tile), Nk past Nq by 800 and short of it by 538, against the
+// oracle, and v16's values (the skipped half adds exact zeros).
+TEST(Hopper, HalfBlocksMatchOracleAndTheWholeBlocks) {
+  std::vector<AttentionShape> shapes = consumer_end_shapes();
+  shapes.push_back(make_shape(2, 2, 1, 300, 300, 64, true));
+  shapes.push_back(make_shape(2, 4, 2, 1000, 1000, 64, true));
+  shapes.push_back(make_shape(1, 3, 1, 200, 1000, 64, true));
+  shapes.push_back(make_shape(3, 2, 2, 1090, 552, 64, true));
+  expect_oracle_and_values_of("08_hopper_forward/v17_half_ends", "08_hopper_forward/v16_flat_split", shapes,
+                              base_seed() + 4200);
 }
 
 // v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial
