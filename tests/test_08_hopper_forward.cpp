@@ -2,6 +2,7 @@
 // oracle and to rung 06's numerics twin (with this rung's block sizes) on ragged, causal and GQA
 // shapes; its GPU half runs where wgmma does (an H100 or H200 and a build for sm_90a) and says why
 // it is left out elsewhere. Here: that elsewhere is a refusal with a reason, never a wrong answer.
+#include <algorithm>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -272,6 +273,19 @@ TEST(Hopper, HalfBlocksMatchOracleAndTheWholeBlocks) {
   shapes.push_back(make_shape(2, 4, 2, 1000, 1000, 64, true));
   shapes.push_back(make_shape(1, 3, 1, 200, 1000, 64, true));
   shapes.push_back(make_shape(3, 2, 2, 1090, 552, 64, true));
+  // Each shape has consumers whose keys end in a block's first half (counted as the kernel counts
+  // them: v10's 192-row tiles from a head's last row, 64 rows a consumer, 128-key blocks), so that
+  // the half step runs on every one; the values below cannot tell which step ran.
+  for (const AttentionShape& s : shapes) {
+    const tensor_core_mma::Tiling t = hopper::tiling(hopper::Version::V17HalfEnds, 64);
+    int halves = 0;
+    for (int64_t r = t.first_row(s.seq_q); r < s.seq_q; r += 64) {
+      const int64_t key_end = std::min<int64_t>(s.seq_k, r + 64 + (s.seq_k - s.seq_q));
+      const int64_t n_mine = key_end > 0 ? (key_end + 127) / 128 : 0;
+      halves += n_mine > 0 && key_end - (n_mine - 1) * 128 <= 64;
+    }
+    EXPECT_GT(halves, 0) << s.str() << " has no half block";
+  }
   expect_oracle_and_values_of("08_hopper_forward/v17_half_ends", "08_hopper_forward/v16_flat_split", shapes,
                               base_seed() + 4200);
 }

@@ -132,6 +132,9 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
              int n_bh) {  // B·H
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace fl::wgmma;
+  // The half step after the loop assumes the causal walk at d = 64: no piece, no flat tile, no
+  // staged O store.
+  static_assert(!kEnds || (D == 64 && !kSplit && !kFlat), "kEnds is the causal d = 64 walk alone");
   using C = Cfg<D>;
   constexpr int BR = C::BR, BC = C::BC, P = C::P, NS = C::NS;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
