@@ -141,7 +141,7 @@ TEST(Hopper, SplitTailMatchesOracle) {
     expect_split_tail_passes(name);
 }
 
-// Where v13 (and v14 to v17) splits, the last piece of a tile to count in (which depends on timing) adds every
+// Where v13 (and v14 to v16) splits, the last piece of a tile to count in (which depends on timing) adds every
 // piece in the same order: O and lse have the same bits on every run of the same inputs.
 void expect_split_tail_same_bits(const std::string& name,
                                  const std::vector<AttentionShape>& shapes = {make_shape(1, 8, 2, 2100, 1500, 128, false),
@@ -167,47 +167,8 @@ void expect_split_tail_same_bits(const std::string& name,
 
 TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
   for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles",
-                           "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_flat_split",
-                           "08_hopper_forward/v17_half_ends"})
+                           "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_half_ends"})
     expect_split_tail_same_bits(name);
-}
-
-// v16_flat_split splits the flat walk's last round along the keys (v13's split on v14's tiles cut
-// from all heads' rows), where a block's share saves kMinSavedFlat = 4 key blocks. Non-causal d = 64
-// shapes that take the flat walk and, on 132 SMs, split it: GQA with ragged Nk (171 tiles: one
-// whole round, 39 tiles left), a last tile with two empty consumers (Nq = 832: 174 tiles), two
-// whole rounds first and pieces of up to 10 key blocks (Nk = 2000), and shares that are empty for
-// some blocks (143 tiles: 11 left, 88 key blocks for 132 blocks).
-std::vector<AttentionShape> flat_split_shapes() {
-  return {make_shape(4, 8, 2, 1024, 1000, 64, false), make_shape(1, 40, 40, 832, 1100, 64, false),
-          make_shape(2, 32, 8, 1024, 2000, 64, false), make_shape(1, 61, 61, 448, 1024, 64, false)};
-}
-
-TEST(Hopper, FlatSplitTakesTheFlatWalksLastRoundAndMatchesOracle) {
-  FL_RUNG_OR_SKIP(r, "08_hopper_forward/v16_flat_split", Backend::Cuda);
-  FL_RUNG_OR_SKIP(before, "08_hopper_forward/v15_consumer_ends", Backend::Cuda);
-  // The split walk, and it alone, asks for a workspace: on 132 SMs each shape here, and the grid's
-  // 16 x 16 x 1024, d = 64 cell, splits in v16 and not in v15 (which walks them flat, unsplit).
-  if (gpu::sm_count() == 132) {
-    std::vector<AttentionShape> shapes = flat_split_shapes();
-    shapes.push_back(make_shape(16, 16, 16, 1024, 1024, 64, false));
-    for (const AttentionShape& s : shapes) {
-      EXPECT_TRUE(hopper::flat_tiles_pay(s)) << s.str();
-      EXPECT_GT(r->workspace_bytes(s, DType::BF16), 0u) << s.str() << " does not split in v16";
-      EXPECT_EQ(before->workspace_bytes(s, DType::BF16), 0u) << s.str() << " splits in v15";
-    }
-  } else {
-    std::cout << "[   NOTE   ] this GPU has " << gpu::sm_count() << " SMs, not 132: some of these shapes may not "
-              << "split here, and where they do not, this test checks v14's flat walk again\n";
-  }
-  for (DType t : {DType::BF16, DType::F16}) {
-    std::vector<Case> cases;
-    uint64_t n = 0;
-    for (const AttentionShape& s : flat_split_shapes()) cases.push_back({s, InputKind::Normal, base_seed() + 4300 + n++});
-    expect_cases_pass(*r, t, cases);
-  }
-  // The tile's last piece to count in adds every piece in the same order, whichever it is.
-  expect_split_tail_same_bits("08_hopper_forward/v16_flat_split", {flat_split_shapes()[0]});
 }
 
 // v15_consumer_ends: under the causal mask at d = 64, each consumer of a 192-row tile stops at the
@@ -261,12 +222,12 @@ TEST(Hopper, ConsumerEndsMatchOracleAndTheTileEnds) {
                               consumer_end_shapes(), base_seed() + 4000);
 }
 
-// v17_half_ends: under the causal mask at d = 64, a consumer whose rows' keys end in the first
+// v16_half_ends: under the causal mask at d = 64, a consumer whose rows' keys end in the first
 // half of its last 128-key block multiplies that block on its first 64 keys alone, after its
 // loop. On the shapes above (Nq = Nk: every other consumer, a consumer whose only block is half;
 // the offsets: some of them), Nk = 300 (the last consumer's keys end 44 into a block, at Nk),
 // Nq = Nk = 1000 (a partial first tile), Nk past Nq by 800 and short of it by 538, against the
-// oracle, and v16's values (the skipped half adds exact zeros).
+// oracle, and v15's values (the skipped half adds exact zeros).
 TEST(Hopper, HalfBlocksMatchOracleAndTheWholeBlocks) {
   std::vector<AttentionShape> shapes = consumer_end_shapes();
   shapes.push_back(make_shape(2, 2, 1, 300, 300, 64, true));
@@ -277,7 +238,7 @@ TEST(Hopper, HalfBlocksMatchOracleAndTheWholeBlocks) {
   // them: v10's 192-row tiles from a head's last row, 64 rows a consumer, 128-key blocks), so that
   // the half step runs on every one; the values below cannot tell which step ran.
   for (const AttentionShape& s : shapes) {
-    const tensor_core_mma::Tiling t = hopper::tiling(hopper::Version::V17HalfEnds, 64);
+    const tensor_core_mma::Tiling t = hopper::tiling(hopper::Version::V16HalfEnds, 64);
     int halves = 0;
     for (int64_t r = t.first_row(s.seq_q); r < s.seq_q; r += 64) {
       const int64_t key_end = std::min<int64_t>(s.seq_k, r + 64 + (s.seq_k - s.seq_q));
@@ -286,7 +247,7 @@ TEST(Hopper, HalfBlocksMatchOracleAndTheWholeBlocks) {
     }
     EXPECT_GT(halves, 0) << s.str() << " has no half block";
   }
-  expect_oracle_and_values_of("08_hopper_forward/v17_half_ends", "08_hopper_forward/v16_flat_split", shapes,
+  expect_oracle_and_values_of("08_hopper_forward/v16_half_ends", "08_hopper_forward/v15_consumer_ends", shapes,
                               base_seed() + 4200);
 }
 

@@ -1,21 +1,21 @@
-// Rung 08, v16_flat_split: v15 with the flat walk's last round split along the keys.
+// Rung 08, v16_half_ends: v15 with a consumer's last key block, under the causal mask at d = 64,
+// multiplied on its first 64 keys alone where its rows see no more, as a step of its own.
 //
-// Why: at d = 64 without the mask, where a head's 192-row tiles would leave many rows past its end
-// (N = 1024), v14 cuts the tiles from all heads' rows at once. At 16 × 16 × 1024 that is 1366
-// tiles, 10.35 rounds of 132 thread blocks: the eleventh round is a third full, and the SMs idle
-// for 10.6 % of the kernel's cycles against cuDNN's 4.8 % (Nsight Compute on an H200, appendix 08).
-// v13's split, which spreads a last round's key blocks over every block, was never taken there:
-// it came first and counted the heads' own tiles (1536, whose last round is 64 % full, where a
-// block's share saves only 2 of a tile's 8 key blocks), and the flat walk was taken only where
-// the walk did not split.
+// Why: with 128-key blocks and 64-row consumers the keys a consumer's rows see end on the
+// diagonal, in the first half of its last block for every other consumer (Nq = Nk: those whose
+// first row is a multiple of 128). v15 computes that block's second 64 keys whole: their scores,
+// the mask's −∞, their exponentials (zeros) and a P·V that adds zeros. At N = 1024 that is half a
+// block for 8 of a head's 72 consumer-blocks (5.6 % of the work). Nsight Compute on an H200 put
+// v15 at 11 % more instructions than cuDNN on that cell (appendix 08).
 //
-// What changed: the launcher decides on the flat walk first and then whether to split it, on the
-// flat walk's own count of tiles; its last round's tiles are shared out as v13 shares out a
-// head's (`SplitWalk`), each piece a run of one flat tile's key blocks. A share that saves a block
-// kMinSavedFlat = 4 key blocks splits (46 tiles' 368 key blocks over 132 blocks: at most 3 a
-// block, for a round of 8), the fixed costs of a piece being 2–3 blocks' time; the heads' own
-// walk keeps kMinSaved. The kernel walks flat tiles in pieces (kSplit with kFlat, which v15 never
-// combined): a piece's rows are its flat tile's, its K and V both heads' where the tile spans two.
+// What changed: where those keys end in the first half of the last block (`half_end`), the loop
+// stops a block early and that block runs after it as a step of its own: S by one n64 wgmma a
+// k-step, the mask and the softmax over its 64 keys, P packed for four 16-key slices, and its P·V
+// over four of V's eight (`issue_pv_half`). The loop itself is v15's, untouched: a first form
+// (v16_half_blocks, appendix) put both steps in the loop as one lambda and moved the code ptxas
+// made for every kernel. Only the causal d = 64 kernel (kEnds) has the new step; the producer
+// still loads the whole block (the tile's other consumers read it), and the outputs are v15's
+// values (the skipped half adds exact zeros).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,7 +34,7 @@ namespace {
 using namespace fl::mma;  // pack, fast_exp2, smem_u32
 using tensor_core_mma::Tiling;
 
-constexpr Version kVersion = Version::V16FlatSplit;
+constexpr Version kVersion = Version::V16HalfEnds;
 
 // ---- constants --------------------------------------------------------------------------------
 
@@ -115,8 +115,8 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // ---- kernel -----------------------------------------------------------------------------------
 
 // kSplit: the non-causal walk with its last round split along the keys; kFlat: the walk of flat
-// tiles (d = 64), split or not; kEnds: the causal walk at d = 64, each consumer to its own last key
-// block. The launcher decides.
+// tiles (d = 64); kEnds: the causal walk at d = 64, each consumer to its own last key block. The
+// launcher decides; never two.
 template <class T, int D, bool kSplit, bool kFlat, bool kEnds = false>
 __global__ void __launch_bounds__(Cfg<D>::kThreads, 1)
 wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
@@ -133,6 +133,10 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace fl::wgmma;
   using C = Cfg<D>;
+  static_assert(!(kSplit && kFlat), "a walk is split or flat, not both");
+  // The half step after the loop assumes the causal walk at d = 64: no piece, no flat tile, no
+  // staged O store.
+  static_assert(!kEnds || (D == 64 && !kSplit && !kFlat), "kEnds is the causal d = 64 walk alone");
   constexpr int BR = C::BR, BC = C::BC, P = C::P, NS = C::NS;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw), base = (raw + 1023u) & ~1023u;
@@ -167,8 +171,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   // The tile's first row, its (batch, head) and slice of K and V, and how many key blocks it sees.
   // kSplit: a piece of a tile, key blocks [a, a + n_blocks); `split` where it is not the whole
   // tile (then `left` is the tile's number among the r left and `slot` this piece's).
-  // kFlat: tile t is rows 192t.. of all heads' rows (`flat`, whole or a piece); i0 and bh are its
-  // first row's, kv2 the K/V slice of its last row's head (kv where that is the same head or slice).
+  // kFlat: tile t is rows 192t.. of all heads' rows; i0 and bh are its first row's, kv2 the K/V
+  // slice of its last row's head (kv where that is the same head or slice).
   struct Tile {
     bool valid, last;
     int64_t i0, bh;
@@ -178,7 +182,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   };
   auto tile_at = [&](int k) {
     Tile w{};
-    int m = 0, n_piece = -1, flat = 0;  // (m unused by a flat walk)
+    int m, n_piece = -1;
     if constexpr (kSplit) {  // whole tiles k·G + b, then this block's share of the rest
       int tile;
       if (uint32_t(k) < sw.rounds) {
@@ -201,12 +205,8 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       }
       w.last = false;
       w.valid = true;
-      if constexpr (kFlat) {
-        flat = tile;
-      } else {
-        m = tile % n_m;
-        w.bh = tile / n_m;
-      }
+      m = tile % n_m;
+      w.bh = tile / n_m;
     } else if constexpr (C::kConsumers == 2) {
       const int pairs_a_head = (n_m + 1) / 2, pair = blockIdx.x + (k / 2) * gridDim.x, half = k % 2;
       w.last = pair >= n_units;
@@ -220,23 +220,19 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       w.last = tile >= n_units;
       w.valid = !w.last;
       if (!w.valid) return w;
-      if constexpr (kFlat) {
-        flat = tile;
-      } else {
-        const int bhs = n_units / n_m;
-        m = causal ? n_m - 1 - tile / bhs : tile % n_m;
-        w.bh = causal ? tile % bhs : tile / n_m;
+      if constexpr (kFlat) {  // in 64-row slices, s_head a head (the launcher keeps their count in an int)
+        const int s_head = int(nq / 64), s0 = tile * C::kConsumers, s2 = min(s0 + C::kConsumers, n_bh * s_head) - 1;
+        const int bh0 = s0 / s_head, bh2 = s2 / s_head;
+        w.bh = bh0;
+        w.i0 = int64_t(s0 - bh0 * s_head) * 64;
+        w.kv = (bh0 / heads) * (heads / group) + (bh0 % heads) / group;
+        w.kv2 = (bh2 / heads) * (heads / group) + (bh2 % heads) / group;
+        w.n_blocks = int((nk + BC - 1) / BC);
+        return w;
       }
-    }
-    if constexpr (kFlat) {  // in 64-row slices, s_head a head (the launcher keeps their count in an int)
-      const int s_head = int(nq / 64), s0 = flat * C::kConsumers, s2 = min(s0 + C::kConsumers, n_bh * s_head) - 1;
-      const int bh0 = s0 / s_head, bh2 = s2 / s_head;
-      w.bh = bh0;
-      w.i0 = int64_t(s0 - bh0 * s_head) * 64;
-      w.kv = (bh0 / heads) * (heads / group) + (bh0 % heads) / group;
-      w.kv2 = (bh2 / heads) * (heads / group) + (bh2 % heads) / group;
-      w.n_blocks = n_piece >= 0 ? n_piece : int((nk + BC - 1) / BC);  // a piece: its own key blocks
-      return w;
+      const int bhs = n_units / n_m;
+      m = causal ? n_m - 1 - tile / bhs : tile % n_m;
+      w.bh = causal ? tile % bhs : tile / n_m;
     }
     w.i0 = (C::kFromEnd ? nq - int64_t(n_m) * BR : 0) + int64_t(m) * BR;  // < 0: a partial first tile
     w.kv = w.kv2 = int(w.bh / heads) * (heads / group) + int(w.bh % heads) / group;
@@ -329,13 +325,17 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   // kEnds: the key blocks this consumer's own rows see, up to its last row's causal limit; the
   // tile's n_blocks are its last consumer's. The same in every lane, said so (v14's `set` says
   // why). The other kernels, the non-causal d = 64 walk among them, keep v14's code.
+  // half_end: those keys end in the first half of its last block, which then runs after the loop.
   int n_mine = n_blocks;
+  bool half_end = false;
   if constexpr (kEnds)
     if (causal && n_blocks > 0) {
       const int64_t key_end = min(nk, i0 + 64 * wg + 64 + (nk - nq));  // ≤ 0: its rows see nothing
       n_mine = key_end > 0 ? min(n_blocks, int((key_end + BC - 1) / BC)) : 0;
       n_mine = __shfl_sync(0xffffffffu, n_mine, 0);
+      half_end = __shfl_sync(0xffffffffu, n_mine > 0 && key_end - int64_t(n_mine - 1) * BC <= 64, 0);
     }
+  const int n_loop = n_mine - (half_end ? 1 : 0);  // the blocks of whole steps
 
   // This thread's two rows in the block, r0 and r0 + 8 (element i of an accumulator: row
   // r0 + 8·((i/2) % 2), column 8·(i/4) + 2t + i%2 of its 64): running max (log2 units) and its
@@ -354,8 +354,17 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       for (int kk = 0; kk < BC / 16; ++kk) rs_n64<T, 1>(acc[pc], ap[kk], advance(vd, pc * BC * 128 + kk * 2048));
     commit();
   };
+  // The same for a half block: the first four of V's eight 16-key slices.
+  auto issue_pv_half = [&](int buf) {
+    const uint64_t vd = advance(v_desc, set + buf * C::kTileBytes);
+#pragma unroll
+    for (int pc = 0; pc < P; ++pc)
+#pragma unroll
+      for (int kk = 0; kk < BC / 32; ++kk) rs_n64<T, 1>(acc[pc], ap[kk], advance(vd, pc * BC * 128 + kk * 2048));
+    commit();
+  };
 
-  for (int jb = 0; jb < n_mine; ++jb) {
+  for (int jb = 0; jb < n_loop; ++jb) {
     const int64_t j0 = int64_t(w.a + jb) * BC;  // a piece starts at key block a
     const int buf = (it0 + jb) % C::kStages, prev = (it0 + jb - 1) % C::kStages;
     tma::mbar_wait(kfull(buf), ((it0 + jb) / C::kStages) & 1);  // block jb's K has landed
@@ -490,11 +499,86 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       ap[kk][3] = pack<T>(e[6], e[7]);
     }
   }
+  // The consumer's last block where half_end, on its first 64 keys: the loop's step with one
+  // n64 product for S, which always straddles the diagonal (so always masked), and the softmax at
+  // d = 64 over those 64 scores (a half block is only ever the causal d = 64 kernel's).
+  if constexpr (kEnds) {
+    if (half_end) {
+      const int jb = n_mine - 1;
+      const int64_t j0 = int64_t(jb) * BC;
+      const int buf = (it0 + jb) % C::kStages, prev = (it0 + jb - 1) % C::kStages;
+      tma::mbar_wait(kfull(buf), ((it0 + jb) / C::kStages) & 1);  // block jb's K has landed
+      const uint64_t kd = advance(k_desc, set + buf * C::kTileBytes);
+      float sh[32];
+      fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        ss_n64<T, 0, 0>(sh, advance(q_desc, (kk / 4) * BR * 128 + 32 * (kk % 4)),
+                        advance(kd, (kk / 4) * BC * 128 + 32 * (kk % 4)), kk > 0);
+      commit();
+      if (jb > 0) {
+        tma::mbar_wait(vfull(prev), ((it0 + jb - 1) / C::kStages) & 1);  // block jb − 1's V has landed
+        issue_pv(prev);
+        wait<1>();
+      } else {
+        wait<0>();
+      }
+      if (threadIdx.x % 128 == 0) {
+        tma::mbar_arrive(kempty(buf));
+        tma::mbar_arrive(qempty);
+      }
+      hold(sh);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = i0 + r0 + 8 * h;
+        const int limit = int(max(int64_t(0), min(nk, row + (nk - nq) + 1) - j0));  // keys [0, limit) visible, ≤ 64
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if ((i / 2) % 2 == h && 8 * (i / 4) + 2 * t + i % 2 >= limit) sh[i] = -INFINITY;
+      }
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if ((i / 2) % 2 == h) mx = fmaxf(mx, sh[i]);
+        const float m_new = fmaxf(m[h], group_reduce<4>(mx, MaxOp{}) * scale_log2);
+        const float ref = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = fast_exp2(m[h] - ref);
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i)
+          if ((i / 2) % 2 == h) sum += (sh[i] = fast_exp2(fmaf(sh[i], scale_log2, -ref)));
+        l[h] = alpha[h] * l[h] + sum;
+        m[h] = m_new;
+      }
+      wait<0>();
+#pragma unroll
+      for (int pc = 0; pc < P; ++pc) hold(acc[pc]);
+      if (jb > 0 && threadIdx.x % 128 == 0) tma::mbar_arrive(vempty(prev));
+#pragma unroll
+      for (int pc = 0; pc < P; ++pc)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[pc][i] *= alpha[(i / 2) % 2];
+#pragma unroll
+      for (int kk = 0; kk < BC / 32; ++kk) {
+        const float* e = sh + 8 * kk;
+        ap[kk][0] = pack<T>(e[0], e[1]);
+        ap[kk][1] = pack<T>(e[2], e[3]);
+        ap[kk][2] = pack<T>(e[4], e[5]);
+        ap[kk][3] = pack<T>(e[6], e[7]);
+      }
+    }
+  }
   const int last = (it0 + n_mine - 1) % C::kStages;
   if (n_mine > 0) {  // the last block's P·V, and its V buffer released for the next blocks
     tma::mbar_wait(vfull(last), ((it0 + n_mine - 1) / C::kStages) & 1);
     fence();
-    issue_pv(last);
+    if (half_end)
+      issue_pv_half(last);
+    else
+      issue_pv(last);
     wait<0>();
 #pragma unroll
     for (int pc = 0; pc < P; ++pc) hold(acc[pc]);
@@ -670,12 +754,10 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
 // fewer; split where not causal and the idle last round would cost each block at least
 // kMinSaved key blocks more than its share of the split (a piece's fixed costs, its Q load, its
 // pipeline's start and its partial result's store or merge, are about 2–3 key blocks' time; at
-// N = 1024 the split saved too little to pay for them). Flat tiles (d = 64) where the shape's rows
-// suit them (`flat_tiles_pay` in hopper_forward.hpp: no mask, Nq a multiple of 64, at least 128,
-// and a head's own tiles multiplying a tenth more rows than it has), decided first; the flat walk
-// splits where a block's share saves kMinSavedFlat key blocks, as many as a piece's fixed costs
-// and one more (at N = 1024, d = 64: 5 of 8).
-inline constexpr int64_t kMinSaved = 8, kMinSavedFlat = 4;
+// N = 1024 the split saved too little to pay for them). Flat tiles (d = 64) where the walk is not
+// split and the shape's rows suit them (`flat_tiles_pay` in hopper_forward.hpp: no mask, Nq a
+// multiple of 64, at least 128, and a head's own tiles multiplying a tenth more rows than it has).
+inline constexpr int64_t kMinSaved = 8;
 
 template <int D>
 struct Plan {
@@ -685,16 +767,14 @@ struct Plan {
 
   Plan(const AttentionShape& s, int sms) {
     using C = Cfg<D>;
-    const int64_t rows = s.batch * s.heads * s.seq_q;  // all heads' rows, counted in an int by the walk
-    flat = C::kFlat && flat_tiles_pay(s);
-    const int64_t tiles = ceil_div<int64_t>(s.seq_q, C::BR);
-    const int64_t single = flat ? ceil_div<int64_t>(rows, C::BR) : tiles * s.batch * s.heads;  // the tiles of a split walk
+    const int64_t tiles = ceil_div<int64_t>(s.seq_q, C::BR), single = tiles * s.batch * s.heads;
     const int64_t blocks = ceil_div<int64_t>(s.seq_k, C::BC), left = single % sms;
-    split = !s.causal && single > sms && left != 0 &&
-            blocks - ceil_div<int64_t>(left * blocks, sms) >= (flat ? kMinSavedFlat : kMinSaved) &&
+    split = !s.causal && single > sms && left != 0 && blocks - ceil_div<int64_t>(left * blocks, sms) >= kMinSaved &&
             left * blocks * sms < (int64_t(1) << 32);  // SplitWalk's 32 bits
     nb = split ? blocks : 1;
-    units = split || flat ? single : (C::kConsumers == 2 ? (tiles + 1) / 2 : tiles) * s.batch * s.heads;
+    const int64_t rows = s.batch * s.heads * s.seq_q;  // all heads' rows, counted in an int by the walk
+    flat = C::kFlat && !split && flat_tiles_pay(s);
+    units = split ? single : flat ? ceil_div<int64_t>(rows, C::BR) : (C::kConsumers == 2 ? (tiles + 1) / 2 : tiles) * s.batch * s.heads;
     grid = unsigned(std::min<int64_t>(units, sms));
   }
   // The workspace: two slots a block for its pieces' partial results, then a counter for each
@@ -721,7 +801,7 @@ struct Launch {
     const CUtensorMap tk = tma::make_tensor_map(a.k, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     const CUtensorMap tv = tma::make_tensor_map(a.v, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     if (plan.units > INT32_MAX / 4)  // the walk counts tiles in an int
-      throw InputError("rung 08_hopper_forward/v16_flat_split (cuda): ceil(Nq / " +
+      throw InputError("rung 08_hopper_forward/v16_half_ends (cuda): ceil(Nq / " +
                        std::to_string(C::kConsumers == 2 && !plan.split && !plan.flat ? 2 * C::BR : C::BR) +
                        ") * batch * heads must be below 2^29");
     const SplitWalk sw(uint32_t(plan.units), plan.grid, uint32_t(plan.nb));
@@ -729,13 +809,13 @@ struct Launch {
     int* counts = nullptr;
     if (plan.split) {
       if (!a.workspace)  // Rung::check refuses it first; a direct call of forward() may not have
-        throw InputError("rung 08_hopper_forward/v16_flat_split (cuda): this shape splits its last round and needs "
+        throw InputError("rung 08_hopper_forward/v16_half_ends (cuda): this shape splits its last round and needs "
                          "a workspace of workspace_bytes() bytes (sized for the current GPU's SM count)");
       parts = static_cast<float*>(a.workspace);
       counts = reinterpret_cast<int*>(static_cast<unsigned char*>(a.workspace) + plan.parts_bytes());
       FL_CUDA_CHECK(cudaMemsetAsync(counts, 0, plan.bytes() - plan.parts_bytes(), as_stream(a.stream)));
     }
-    auto* const kernel = plan.split  ? (plan.flat ? &wgmma_kernel<T, D, true, C::kFlat> : &wgmma_kernel<T, D, true, false>)
+    auto* const kernel = plan.split  ? &wgmma_kernel<T, D, true, false>
                          : plan.flat ? &wgmma_kernel<T, D, false, C::kFlat>  // (never taken at d = 128)
                          : s.causal  ? &wgmma_kernel<T, D, false, false, C::kFlat>  // d = 64: kEnds
                                      : &wgmma_kernel<T, D, false, false>;
