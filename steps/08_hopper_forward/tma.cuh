@@ -118,6 +118,21 @@ __device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// The same wait with a suspend-time hint (rung 08's v17 on): try_wait without one gives up after a
+// short time of the hardware's choosing, and the loop tries again, three instructions a turn
+// (the compiler's retry block: YIELD, the try, the branch) that compete for the issue slots of the
+// warps still working. With the hint the thread stays suspended until the phase completes or
+// `kSuspendHintNs` nanoseconds pass, whichever comes first; the loop remains for the second case.
+inline constexpr uint32_t kSuspendHintNs = 10000000;  // 10 ms: longer than any wait of a correct kernel
+__device__ inline void mbar_wait_suspended(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity), "r"(kSuspendHintNs)
+      : "memory");
+}
 
 // The box at (column c0, row r0, slice s) of `map` into shared memory at `dst` (1024-byte aligned
 // for the 128-byte swizzle), completing on `bar`.
