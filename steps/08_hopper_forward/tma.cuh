@@ -118,12 +118,13 @@ __device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// The same wait with a suspend-time hint (rung 08's v17 on): try_wait without one gives up after a
-// short time of the hardware's choosing, and the loop tries again, three instructions a turn
-// (the compiler's retry block: YIELD, the try, the branch) that compete for the issue slots of the
-// warps still working. With the hint the thread stays suspended until the phase completes or
-// `kSuspendHintNs` nanoseconds pass, whichever comes first; the loop remains for the second case.
-inline constexpr uint32_t kSuspendHintNs = 10000000;  // 10 ms: longer than any wait of a correct kernel
+// The same wait with a suspend-time hint (rung 08's v17 on, for the producer's waits): a try_wait
+// without one may give up after a short time of the hardware's choosing, and the loop tries
+// again, a YIELD, a try and a branch a turn, on issue slots other warps could use. The hint asks
+// for the thread to stay suspended until the phase completes or about `kSuspendHintNs`
+// nanoseconds pass. It is a hint: the try may still return early, and the loop covers that.
+// (ptxas makes the retry a try, a NANOSLEEP.SYNCS, a check and the branch back.)
+inline constexpr uint32_t kSuspendHintNs = 10000000;  // 10 ms asked for: longer than any wait of a correct kernel
 __device__ inline void mbar_wait_suspended(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\n"

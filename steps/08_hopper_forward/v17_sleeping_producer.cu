@@ -1,19 +1,20 @@
-// Rung 08, v17_suspended_waits: v16 with every mbarrier wait asking the hardware to keep the
-// waiting thread suspended until the barrier's phase completes.
+// Rung 08, v17_sleeping_producer: v16 with the producer's waits asking the hardware to keep its
+// thread suspended until a buffer is handed back, instead of polling.
 //
 // Why: Nsight Compute on an H200 at 16 × 16 × 1024, d = 64, causal (appendix 08, Profiles) counts
-// 46.4 million warp instructions for v16 against cuDNN's 43.4 million: among v16's, 1.69 million
-// mbarrier operations (SYNCS; cuDNN 0.37 million), 1.14 million YIELD (cuDNN 9 thousand) and 2.5
-// million branches (cuDNN 0.46 million). A wait is a try_wait in a loop, and ptxas puts the loop's
-// retries out of line, a try and a branch back, most with a YIELD: a try_wait without a time hint
-// suspends the thread for a short time of the hardware's choosing and then reports failure, so a
-// warp that waits long (the producer for a free buffer, a consumer for its next block) turns that
-// loop about a million times in all, some 3 million instructions (7 % of the kernel's) that take
-// issue slots from the warps working beside it.
+// 46.4 million warp instructions for v16 against cuDNN's 43.4 million: among v16's, 1.14 million
+// YIELD (cuDNN 9 thousand), 1.69 million mbarrier operations (SYNCS; 0.37 million) and 2.5
+// million branches (0.46 million). A wait is a try_wait in a loop, whose retries ptxas puts out of
+// line; the retry blocks with a YIELD are the waits of a single thread, the producer's above all.
+// The producer runs ahead by design, so it spends most of the kernel waiting for the consumers to
+// hand a K or V buffer back, and a try_wait without a time hint returns after a short time of the
+// hardware's choosing: its warp turns the retry loop (YIELD, a try, a branch) on the issue slots
+// of the consumer warps that share its scheduler, about a million turns in all.
 //
-// What changed: every wait is `tma::mbar_wait_suspended`, the same loop with a suspend-time hint
-// (`kSuspendHintNs`, 10 ms): the thread stays suspended until the phase completes, and the loop is
-// left for the hint's timeout alone. Nothing else: the kernels, the walk and the outputs are v16's.
+// What changed: the producer's three waits (Q handed back, K and V buffers handed back) are
+// `tma::mbar_wait_suspended`, the same loop with a suspend-time hint (`kSuspendHintNs`). The
+// consumers' waits, on the kernel's critical path, still poll as in v16. The kernels and the
+// outputs are otherwise v16's source.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,7 +33,7 @@ namespace {
 using namespace fl::mma;  // pack, fast_exp2, smem_u32
 using tensor_core_mma::Tiling;
 
-constexpr Version kVersion = Version::V17SuspendedWaits;
+constexpr Version kVersion = Version::V17SleepingProducer;
 
 // ---- constants --------------------------------------------------------------------------------
 
@@ -319,7 +320,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
     set = __shfl_sync(0xffffffffu, set, 0);
   }
   const int n_blocks = w.n_blocks;
-  if (n_blocks > 0) tma::mbar_wait_suspended(qbar, q_uses++ & 1);
+  if (n_blocks > 0) tma::mbar_wait(qbar, q_uses++ & 1);
   // kEnds: the key blocks this consumer's own rows see, up to its last row's causal limit; the
   // tile's n_blocks are its last consumer's. The same in every lane, said so (v14's `set` says
   // why). The other kernels, the non-causal d = 64 walk among them, keep v14's code.
@@ -365,7 +366,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   for (int jb = 0; jb < n_loop; ++jb) {
     const int64_t j0 = int64_t(w.a + jb) * BC;  // a piece starts at key block a
     const int buf = (it0 + jb) % C::kStages, prev = (it0 + jb - 1) % C::kStages;
-    tma::mbar_wait_suspended(kfull(buf), ((it0 + jb) / C::kStages) & 1);  // block jb's K has landed
+    tma::mbar_wait(kfull(buf), ((it0 + jb) / C::kStages) & 1);  // block jb's K has landed
     const uint64_t kd = advance(k_desc, set + buf * C::kTileBytes);
 
     // S = Q_i K_jᵀ, this warpgroup's 64 rows: k-step kk reads 16 columns of d, 32 bytes into
@@ -379,7 +380,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
                        advance(kd, (kk / 4) * BC * 128 + 32 * (kk % 4)), kk > 0);
     commit();
     if (jb > 0) {
-      tma::mbar_wait_suspended(vfull(prev), ((it0 + jb - 1) / C::kStages) & 1);  // block jb − 1's V has landed
+      tma::mbar_wait(vfull(prev), ((it0 + jb - 1) / C::kStages) & 1);  // block jb − 1's V has landed
       issue_pv(prev);
       wait<1>();  // S is in; P·V of the block before may still be running
     } else {
@@ -505,7 +506,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       const int jb = n_mine - 1;
       const int64_t j0 = int64_t(jb) * BC;
       const int buf = (it0 + jb) % C::kStages, prev = (it0 + jb - 1) % C::kStages;
-      tma::mbar_wait_suspended(kfull(buf), ((it0 + jb) / C::kStages) & 1);  // block jb's K has landed
+      tma::mbar_wait(kfull(buf), ((it0 + jb) / C::kStages) & 1);  // block jb's K has landed
       const uint64_t kd = advance(k_desc, set + buf * C::kTileBytes);
       float sh[32];
       fence();
@@ -515,7 +516,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
                         advance(kd, (kk / 4) * BC * 128 + 32 * (kk % 4)), kk > 0);
       commit();
       if (jb > 0) {
-        tma::mbar_wait_suspended(vfull(prev), ((it0 + jb - 1) / C::kStages) & 1);  // block jb − 1's V has landed
+        tma::mbar_wait(vfull(prev), ((it0 + jb - 1) / C::kStages) & 1);  // block jb − 1's V has landed
         issue_pv(prev);
         wait<1>();
       } else {
@@ -571,7 +572,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
   }
   const int last = (it0 + n_mine - 1) % C::kStages;
   if (n_mine > 0) {  // the last block's P·V, and its V buffer released for the next blocks
-    tma::mbar_wait_suspended(vfull(last), ((it0 + n_mine - 1) / C::kStages) & 1);
+    tma::mbar_wait(vfull(last), ((it0 + n_mine - 1) / C::kStages) & 1);
     fence();
     if (half_end)
       issue_pv_half(last);
@@ -596,9 +597,9 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       if (n_mine == 0) tma::mbar_arrive(qempty);  // Q unread
       for (int jb = n_mine; jb < n_blocks; ++jb) {
         const int buf = (it0 + jb) % C::kStages, phase = ((it0 + jb) / C::kStages) & 1;
-        tma::mbar_wait_suspended(kfull(buf), phase);
+        tma::mbar_wait(kfull(buf), phase);
         tma::mbar_arrive(kempty(buf));
-        tma::mbar_wait_suspended(vfull(buf), phase);
+        tma::mbar_wait(vfull(buf), phase);
         tma::mbar_arrive(vempty(buf));
       }
     }
@@ -710,7 +711,7 @@ wgmma_kernel(const __grid_constant__ CUtensorMap tq,  // Q [B·H][Nq][d]
       for (int c = 0; c < D / 8; ++c) *reinterpret_cast<uint32_t*>(o + (bh * nq + row) * D + 8 * c + 2 * t) = 0u;
     }
   } else {
-    tma::mbar_wait_suspended(qempty, (q_uses - 1) & 1);  // every consumer is past its last Q·Kᵀ: K_last is free
+    tma::mbar_wait(qempty, (q_uses - 1) & 1);  // every consumer is past its last Q·Kᵀ: K_last is free
     const uint32_t stage = ks + last * C::kTileBytes;
     // This warp's 16 rows, 8 × 8 tiles four at a time: tile j of a group is row half j % 2 and
     // column octet 2·cc + j / 2 of panel pc, the pair acc[pc][4c + 2h], + 1 of each lane.
@@ -799,7 +800,7 @@ struct Launch {
     const CUtensorMap tk = tma::make_tensor_map(a.k, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     const CUtensorMap tv = tma::make_tensor_map(a.v, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     if (plan.units > INT32_MAX / 4)  // the walk counts tiles in an int
-      throw InputError("rung 08_hopper_forward/v17_suspended_waits (cuda): ceil(Nq / " +
+      throw InputError("rung 08_hopper_forward/v17_sleeping_producer (cuda): ceil(Nq / " +
                        std::to_string(C::kConsumers == 2 && !plan.split && !plan.flat ? 2 * C::BR : C::BR) +
                        ") * batch * heads must be below 2^29");
     const SplitWalk sw(uint32_t(plan.units), plan.grid, uint32_t(plan.nb));
@@ -807,7 +808,7 @@ struct Launch {
     int* counts = nullptr;
     if (plan.split) {
       if (!a.workspace)  // Rung::check refuses it first; a direct call of forward() may not have
-        throw InputError("rung 08_hopper_forward/v17_suspended_waits (cuda): this shape splits its last round and needs "
+        throw InputError("rung 08_hopper_forward/v17_sleeping_producer (cuda): this shape splits its last round and needs "
                          "a workspace of workspace_bytes() bytes (sized for the current GPU's SM count)");
       parts = static_cast<float*>(a.workspace);
       counts = reinterpret_cast<int*>(static_cast<unsigned char*>(a.workspace) + plan.parts_bytes());
