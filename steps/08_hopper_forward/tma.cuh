@@ -118,23 +118,6 @@ __device__ inline void mbar_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
-// The same wait with a suspend-time hint (rung 08's v17 on, for the producer's waits): a try_wait
-// without one may give up after a short time of the hardware's choosing, and the loop tries
-// again, a YIELD, a try and a branch a turn, on issue slots other warps could use. The hint asks
-// for the thread to stay suspended until the phase completes or about `kSuspendHintNs`
-// nanoseconds pass. It is a hint: the try may still return early, and the loop covers that.
-// (ptxas makes the retry a try, a NANOSLEEP.SYNCS, a check and the branch back.)
-inline constexpr uint32_t kSuspendHintNs = 10000000;  // 10 ms asked for: longer than any wait of a correct kernel
-__device__ inline void mbar_wait_suspended(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity), "r"(kSuspendHintNs)
-      : "memory");
-}
-
 // The box at (column c0, row r0, slice s) of `map` into shared memory at `dst` (1024-byte aligned
 // for the 128-byte swizzle), completing on `bar`.
 __device__ inline void load(uint32_t dst, const CUtensorMap& map, int c0, int r0, int s, uint32_t bar) {
