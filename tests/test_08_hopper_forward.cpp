@@ -141,7 +141,7 @@ TEST(Hopper, SplitTailMatchesOracle) {
     expect_split_tail_passes(name);
 }
 
-// Where v13 (and v14 to v16) splits, the last piece of a tile to count in (which depends on timing) adds every
+// Where v13 (and v14 to v17) splits, the last piece of a tile to count in (which depends on timing) adds every
 // piece in the same order: O and lse have the same bits on every run of the same inputs.
 void expect_split_tail_same_bits(const std::string& name,
                                  const std::vector<AttentionShape>& shapes = {make_shape(1, 8, 2, 2100, 1500, 128, false),
@@ -167,7 +167,8 @@ void expect_split_tail_same_bits(const std::string& name,
 
 TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
   for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles",
-                           "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_half_ends"})
+                           "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_half_ends",
+                           "08_hopper_forward/v17_lean_steps"})
     expect_split_tail_same_bits(name);
 }
 
@@ -249,6 +250,24 @@ TEST(Hopper, HalfBlocksMatchOracleAndTheWholeBlocks) {
   }
   expect_oracle_and_values_of("08_hopper_forward/v16_half_ends", "08_hopper_forward/v15_consumer_ends", shapes,
                               base_seed() + 4200);
+}
+
+// v17_lean_steps: the loop's buffer and phase carried, and which blocks take the mask and its
+// limits worked out once a tile in 32 bits; nothing it computes changes, so its O and lse are v16's
+// to the bit. The shapes put the mask's edges everywhere it can fall: v15's causal d = 64 shapes
+// (Nk past Nq, short of it, rows that see no key, GQA, walks of many tiles), causal d = 128 with
+// Nq above and below Nk, and without the mask Nk's ragged end in a split last round (pieces that
+// start past key block 0), in a flat walk across heads and in the pairs walk at d = 128.
+TEST(Hopper, LeanStepsMatchOracleAndV16) {
+  std::vector<AttentionShape> shapes = consumer_end_shapes();
+  shapes.push_back(make_shape(2, 3, 1, 777, 333, 128, true));
+  shapes.push_back(make_shape(1, 4, 2, 300, 1300, 128, true));
+  shapes.push_back(make_shape(1, 8, 2, 2100, 1500, 128, false));
+  shapes.push_back(make_shape(1, 70, 70, 300, 1400, 64, false));
+  shapes.push_back(make_shape(4, 8, 2, 1024, 1000, 64, false));
+  shapes.push_back(make_shape(2, 5, 5, 200, 1025, 128, false));
+  expect_oracle_and_values_of("08_hopper_forward/v17_lean_steps", "08_hopper_forward/v16_half_ends", shapes,
+                              base_seed() + 4400);
 }
 
 // v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial

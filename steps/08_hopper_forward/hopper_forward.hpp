@@ -40,6 +40,8 @@
 //                instead of its tile's.
 //   v16_half_ends  causal, at d = 64, a consumer's last key block multiplied on its first 64 keys
 //                alone where its rows see no more, as a step after the loop.
+//   v17_lean_steps  the consumer's loop step with less bookkeeping: warp-uniform role, buffer and
+//                phase carried, the mask's test and limits worked out once a tile in 32 bits.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -56,7 +58,7 @@ namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
                      V9ThreeConsumers, V10EndAligned, V11TmaStore, V12SplitKv,
-                     V13SplitTail, V14FlatTiles, V15ConsumerEnds, V16HalfEnds };
+                     V13SplitTail, V14FlatTiles, V15ConsumerEnds, V16HalfEnds, V17LeanSteps };
 
 struct VersionInfo {
   Version version;
@@ -107,14 +109,18 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V16HalfEnds, "08_hopper_forward/v16_half_ends",
      "v15 + under the causal mask at d = 64, a consumer's last key block multiplied on its first 64 keys alone "
      "(an n64 Q*K^T, the softmax over 64 scores, half the P*V) where its rows see none of the other 64"},
+    {Version::V17LeanSteps, "08_hopper_forward/v17_lean_steps",
+     "v16 + the consumer's loop step with less integer bookkeeping on its serial chain: its role warp-uniform, "
+     "the buffer and phase carried from step to step, the mask's test and limits worked out once a tile in 32 bits"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V16HalfEnds) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V17LeanSteps) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the fastest or level with the fastest on every cell of chapter 08's grid:
 // v15 was within 0.5 % of the fastest of v7, v14 and v15 (run 132), and v16 is v15's code but for
 // the causal d = 64 kernels (one a dtype), where it gains (run 138). It is the forward rung 09 pairs with and
 // rung 11's steps run; a new version moves every one of them by being added last.
-inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
+// v17 is on trial (chapter 08's appendix): until it has run on a GPU, kNewest is v16.
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 2].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
 // consumer warpgroups of 64 rows each, two (three in v9 at d = 64), 128 keys.
