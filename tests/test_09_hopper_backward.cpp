@@ -153,6 +153,37 @@ TEST(HopperBackward, SplitTailGivesTheSameDkAndDvBitsEveryRun) {
   EXPECT_EQ(differ, 0) << differ << " of 9 runs differ from the first in some bit of dK or dV";
 }
 
+// v17_lean_steps moves bookkeeping out of the consumers' step and changes no arithmetic: in the
+// deterministic mode (dQ added in a fixed order) its dQ, dK and dV are v16's to the bit, on shapes
+// that put the mask's edges everywhere they fall (the oracle shapes: ragged, causal with Nq above
+// and below Nk, GQA, a 200-key block) in both dtypes; in the default mode its dK and dV are v16's
+// on a split shape (the pieces add in piece order; dQ's atomics arrive in a changing order).
+TEST(HopperBackward, LeanStepsGiveV16sBits) {
+  FL_RUNG_OR_SKIP(mine, "09_hopper_backward/v17_lean_steps", Backend::Cuda);
+  FL_RUNG_OR_SKIP(v16, kSplitTail, Backend::Cuda);
+  uint64_t seed = base_seed() + 6000;
+  for (DType t : {DType::F16, DType::BF16})
+    for (const AttentionShape& s : shapes()) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + " " + s.str() + " seed=" + std::to_string(seed));
+      const Inputs in = make_inputs(s, t, seed++);
+      const BackwardInputs bin = make_backward_inputs(s, t, in, seed++);
+      const BackwardOutputs a = run_backward(*mine, s, t, in, bin, nullptr, true);
+      const BackwardOutputs b = run_backward(*v16, s, t, in, bin, nullptr, true);
+      EXPECT_TRUE(same_bits(a.dq, b.dq)) << "dQ differs from v16's";
+      EXPECT_TRUE(same_bits(a.dk, b.dk)) << "dK differs from v16's";
+      EXPECT_TRUE(same_bits(a.dv, b.dv)) << "dV differs from v16's";
+    }
+  expect_split_on_132_sms(*mine);
+  const AttentionShape s = split_tail_shapes()[0];
+  SCOPED_TRACE("default mode, split: " + s.str() + " seed=" + std::to_string(seed));
+  const Inputs in = make_inputs(s, DType::BF16, seed++);
+  const BackwardInputs bin = make_backward_inputs(s, DType::BF16, in, seed++);
+  const BackwardOutputs a = run_backward(*mine, s, DType::BF16, in, bin, nullptr, false);
+  const BackwardOutputs b = run_backward(*v16, s, DType::BF16, in, bin, nullptr, false);
+  EXPECT_TRUE(same_bits(a.dk, b.dk)) << "dK differs from v16's";
+  EXPECT_TRUE(same_bits(a.dv, b.dv)) << "dV differs from v16's";
+}
+
 // v16's split on the host: where it splits and into how many pieces (132 SMs: the grid's
 // non-causal cells at N >= 4096, 2048 K/V blocks with 68 left, k = 3 by the count at both head
 // dims, though only d = 128's kernel splits (kSplits); 1 × 34 × 4096 at d = 128, 1088 with 32

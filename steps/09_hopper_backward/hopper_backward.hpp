@@ -38,6 +38,9 @@
 //                     rows store their column groups in a rotated order.
 //   v16_split_tail    v15 whose last wave's K/V blocks, not causal and not in the deterministic
 //                     mode, are cut into pieces along their Q steps, so that no SM idles at the end.
+//   v17_lean_steps    v16 whose consumers' step does less integer bookkeeping: the warpgroup known
+//                     to be warp-uniform, buffer and phase carried, offsets and the mask's steps
+//                     worked out once (rung 08's v17 for the backward).
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is
@@ -56,7 +59,7 @@ namespace fl::hopper_backward {
 
 enum class Version { V1Wgmma, V2Deterministic, V3DqWriter, V4Descriptors, V5TwoWriters, V6RanksFirst, V7TmaLoads, V8KInPlace, V9DkInFlight,
                      V10ThreeTiles, V11TallQBlocks, V12BulkEpilogue, V13Stmatrix, V14TensorAdds, V15RotatedStores,
-                     V16SplitTail };
+                     V16SplitTail, V17LeanSteps };
 
 struct VersionInfo {
   Version version;
@@ -122,11 +125,16 @@ inline constexpr VersionInfo kVersions[] = {
      "v15 + not causal and not deterministic, the last wave's K/V blocks cut into 2-4 pieces along their Q steps, "
      "one a thread block; each piece's dK and dV to a slot, the last piece adds them in piece order and stores",
      true},
+    {Version::V17LeanSteps, "09_hopper_backward/v17_lean_steps",
+     "v16 + the consumers' step with less integer bookkeeping: the warpgroup warp-uniform (descriptors without "
+     "R2UR), buffer and phase carried, this thread's offsets and the mask's steps worked out once a tile",
+     true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V16SplitTail) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V17LeanSteps) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
-inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
+// v17 is on trial (chapter 09's appendix): until its timing and sanitizer runs, kNewest is v16.
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 2].name;
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;
