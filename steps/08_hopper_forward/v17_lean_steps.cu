@@ -831,7 +831,8 @@ struct Launch {
     const CUtensorMap tk = tma::make_tensor_map(a.k, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     const CUtensorMap tv = tma::make_tensor_map(a.v, t, s.batch * s.kv_heads, s.seq_k, D, C::BC);
     if (s.seq_k >= (int64_t(1) << 30))  // the mask's limits are 32-bit
-      throw InputError("rung 08_hopper_forward/v17_lean_steps (cuda): Nk must be below 2^30");
+      throw InputError("rung 08_hopper_forward/v17_lean_steps (cuda): Nk must be below 2^30 (the mask's limits are "
+                       "32-bit); for longer keys run 08_hopper_forward/v16_half_ends");
     if (plan.units > INT32_MAX / 4)  // the walk counts tiles in an int
       throw InputError("rung 08_hopper_forward/v17_lean_steps (cuda): ceil(Nq / " +
                        std::to_string(C::kConsumers == 2 && !plan.split && !plan.flat ? 2 * C::BR : C::BR) +
