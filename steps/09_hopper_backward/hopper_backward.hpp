@@ -126,15 +126,16 @@ inline constexpr VersionInfo kVersions[] = {
      "one a thread block; each piece's dK and dV to a slot, the last piece adds them in piece order and stores",
      true},
     {Version::V17LeanSteps, "09_hopper_backward/v17_lean_steps",
-     "v16 + the consumers' step with less integer bookkeeping: the warpgroup warp-uniform (descriptors without "
-     "R2UR), buffer and phase carried, this thread's offsets and the mask's steps worked out once a tile",
+     "v16 + at d = 128, the consumers' step with less integer bookkeeping: the warpgroup warp-uniform "
+     "(descriptors without R2UR), buffer and phase carried, this thread's offsets and the mask's steps worked "
+     "out once a tile (at d = 64 the same changes lose, one of them 6 %: v16's code there)",
      true},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
 static_assert(int(Version::V17LeanSteps) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the rung's fastest (chapter 09's tables): rung 11's backward step.
-// v17 is on trial (chapter 09's appendix): until its timing and sanitizer runs, kNewest is v16.
-inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 2].name;
+// v17 is 1.00–1.09× v16 at d = 128 and v16's code at d = 64 (run 148, H200).
+inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Keys per K/V block, every version: two warpgroups of 64 keys. Query rows per step: rung 07's kBr.
 inline constexpr int64_t kBc = 128;

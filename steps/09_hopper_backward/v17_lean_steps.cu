@@ -18,6 +18,18 @@
 // against a constant; the aligned base, the base descriptors' addresses (`kept`) and this thread's
 // offsets (`ds_row`, `ld_at`, `dq_at`) worked out once and passed through empty asm statements,
 // which the compiler would otherwise work out again in every step.
+//
+// At d = 128 only (`kLean` and `kLeanMask` in the kernel); at d = 64 the kernel is v16's, the same
+// SASS instruction for instruction. The whole change ran 1.02–1.04× v16 at d = 128 but 0.93–0.95×
+// at d = 64 N = 1024 not causal (runs 145–146, H200). Each change alone at d = 64 (run 147, the
+// default mode, 16 × 16 × 1024): the pinned base (`asm volatile` on `base_`) 0.935× v16, `mask_end`
+// 0.98×, `kept` 0.98×, the others 0.99–1.00×; all but the pinned base 0.99×. None gains there, so
+// d = 64 keeps v16's code. In the deterministic mode, whose turns set the pace, every form was
+// level with v16 (0.99–1.01×). The pinned base's cost is in the loader warp, not the consumers
+// (a SASS reading; chapter 09's appendix): left 24 registers by setmaxnreg, it holds the
+// addresses the pin keeps live, and ptxas then interleaves the step's eight loads of L and D with
+// their shared stores, up to five dependent trips to memory where v16's loader makes two. At
+// d = 128 the loader has four such loads and they stay together.
 #include "../08_hopper_forward/tma.cuh"
 #include "launch.cuh"
 
@@ -162,11 +174,16 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   using namespace fl::wgmma;
   using C = Cfg<D>;
   constexpr int BC = C::BC, BR = C::BR, kMma = C::kMma, P = D / 64, NH = C::NH;  // P: 64-column panels of d
+  // Where v17's changes apply (the header says why d = 128 only). kLean: the aligned base, `wgu`,
+  // the descriptors' low words (`kept`), this thread's offsets (`ds_row`, `ld_at`, `dq_at`), and
+  // `buf` and `ph` carried through the loop. kLeanMask: the mask's steps worked out once a tile
+  // (`mask_end`) and its element test against a constant. Where false, v16's code, unchanged.
+  constexpr bool kLean = D == 128, kLeanMask = D == 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma's 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary.
   const uint32_t raw = smem_u32(smem_raw);
   uint32_t base_ = (raw + 1023u) & ~1023u;
-  asm volatile("" : "+r"(base_));  // opaque to the compiler: worked out once, not at every use
+  if constexpr (kLean) asm volatile("" : "+r"(base_));  // opaque to the compiler: worked out once, not at every use
   const uint32_t base = base_;
   T* Ks = reinterpret_cast<T*>(smem_raw + (base - raw));  // [BC][D] in panels
   T* Vs = Ks + BC * D;                                      // [BC][D]
@@ -341,12 +358,13 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   // The warpgroup again, through __shfl_sync from lane 0: the compiler then knows it to be the same
   // in every lane of a warp, and builds the descriptors that use it in uniform registers, not in
   // per-thread ones moved to uniform ones (R2UR) before every wgmma.
-  const int wgu = __shfl_sync(0xffffffffu, wg, 0);
+  int wgu = wg;  // without kLean, as v16: the warpgroup from threadIdx.x
+  if constexpr (kLean) wgu = __shfl_sync(0xffffffffu, wg, 0);
   // `kept`: a descriptor whose low word (the address) is opaque to the compiler, so that it is
   // worked out here once, not again in every step; the high word (a constant) stays visible.
   const auto kept = [](uint64_t d) {
     uint32_t lo = uint32_t(d);
-    asm volatile("" : "+r"(lo));
+    if constexpr (kLean) asm volatile("" : "+r"(lo));  // without kLean, d itself
     return (d & ~uint64_t(0xFFFFFFFF)) | lo;
   };
   const uint32_t q0 = smem_u32(Qs), do0 = smem_u32(dOs), tile_bytes = uint32_t(BR * D * sizeof(T));
@@ -359,8 +377,8 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   // The steps the mask touches, worked out once in 64 bits: StepMask's any() at step (h, ib) is
   // keys < BC, or (causal) ib·BR < y with y = BC − 1 − (ib0·BR + off − j0), that is
   // ib < mask_end below (ib is never negative). Its limits are still worked out at those steps.
-  int mask_end;
-  {
+  int mask_end = 0;  // used only with kLeanMask
+  if constexpr (kLeanMask) {
     const int64_t y = int64_t(BC - 1) - (int64_t(walk.ib0) * BR + off - j0);
     mask_end = nk - j0 < BC ? INT_MAX : !causal || y <= 0 ? 0 : int(std::min<int64_t>((y - 1) / BR + 1, INT_MAX));
     asm volatile("" : "+r"(mask_end));  // opaque to the compiler: kept out of the loop
@@ -370,9 +388,10 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   // stmatrix rows for the k-steps of a 64-row panel (k-step kk at ds_row[kk % 4] + its panel's
   // offset: the swizzle repeats panel by panel), and, in floats, its columns of L and D and its
   // place in the dQ staging tile (at d = 128 two: stores 0-5 start at dq_at[0], 6-7 at dq_at[1]).
-  uint32_t ds_row[4];
-  int ld_at = 2 * t, dq_at[2];
-  {
+  uint32_t ds_row[4] = {};
+  int ld_at = 0, dq_at[2] = {};  // used only with kLean
+  if constexpr (kLean) {
+    ld_at = 2 * t;
     const int tile_key = key0 + lane % 8 + 8 * (lane / 8 % 2), tile_col = 8 * (lane / 16);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -391,18 +410,21 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   // The step's buffer of Q, dO, L and D (step % 2, and its staging tile: kStages is 2 too) and the
   // parity of their mbarriers' phase ((step / 2) % 2), carried from step to step.
   static_assert(C::kStages == 2, "the staging tile is the buffer");
-  int buf = 0;
-  uint32_t ph = 0;
+  // Without kLean, as v16: worked out from the step, every step.
+  int buf_c = 0;
+  uint32_t ph_c = 0;
   for (int step = 0; step < steps; ++step) {
     const int ib_next = ib + 1 < walk.n_ib ? ib + 1 : 0, h_next = ib_next == walk.rot ? h + 1 : h;
-    tma::mbar_wait(qfull(buf), ph);  // the step's Q, dO, L and D are in
+    const int buf = kLean ? buf_c : step & 1;
+    tma::mbar_wait(qfull(buf), kLean ? ph_c : (step / 2) & 1);  // the step's Q, dO, L and D are in
     sync_mma();  // K and V are in; the last step is done with dSᵀ
     const int64_t i0 = walk.i0(ib);
     const uint32_t bo = buf * tile_bytes;  // the buffer's offset in the Q and dO tiles
     const uint64_t qk = advance(q_k, bo), dok = advance(do_k, bo), qmn = advance(q_mn, bo),
                    domn = advance(do_mn, bo);
-    const float* Lb = Ls + buf * BR + ld_at;  // this thread's columns 2t, 2t + 1
-    const float* Db = Ds + buf * BR + ld_at;
+    // This thread's columns 2t, 2t + 1 of L and D: Lb + 8n (+ 2t without kLean; with it ld_at is 2t).
+    const float* Lb = Ls + buf * BR + (kLean ? ld_at : 0);
+    const float* Db = Ds + buf * BR + (kLean ? ld_at : 0);
 
     // Sᵀ and dPᵀ: k-step kk reads 16 columns of d, 32 bytes into panel kk / 4 of both operands;
     // with 128 query rows one n128 wgmma fills both halves. Half hh holds rows 64·hh.. .
@@ -429,33 +451,43 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 
     // Pᵀ in place. Element i of half hh is key key0 + g + 8·((i/2) % 2), query row
     // 64·hh + 8·(i/4) + 2t + i%2; below, n = 8·hh + i/4 counts the 8-row groups of the block.
-    if (ib < mask_end) {  // mask.any()
-      const StepMask mask(j0, i0, nk, off, BC, BR, causal);
-      // mask.masked(kb, rb): kb >= keys, or kb − rb > diag. The element's row rb is 2t + c, c a
-      // constant, so the test is x > c with x = kb − 2t − diag, or x = INT_MAX for a key past Nk.
-      int x[2];
+    if constexpr (kLeanMask) {
+      if (ib < mask_end) {  // mask.any()
+        const StepMask mask(j0, i0, nk, off, BC, BR, causal);
+        // mask.masked(kb, rb): kb >= keys, or kb − rb > diag. The element's row rb is 2t + c, c a
+        // constant, so the test is x > c with x = kb − 2t − diag, or x = INT_MAX for a key past Nk.
+        int x[2];
 #pragma unroll
-      for (int hk = 0; hk < 2; ++hk) {
-        const int kb = key0 + g + 8 * hk;
-        x[hk] = kb >= mask.keys ? INT_MAX : kb - 2 * t - mask.diag;
+        for (int hk = 0; hk < 2; ++hk) {
+          const int kb = key0 + g + 8 * hk;
+          x[hk] = kb >= mask.keys ? INT_MAX : kb - 2 * t - mask.diag;
+        }
+#pragma unroll
+        for (int hh = 0; hh < NH; ++hh)
+#pragma unroll
+          for (int i = 0; i < 32; ++i)
+            if (x[i / 2 % 2] > 64 * hh + 8 * (i / 4) + i % 2) st[hh][i] = -INFINITY;
       }
+    } else {
+      if (const StepMask mask(j0, i0, nk, off, BC, BR, causal); mask.any()) {  // v16's test, every step
 #pragma unroll
-      for (int hh = 0; hh < NH; ++hh)
+        for (int hh = 0; hh < NH; ++hh)
 #pragma unroll
-        for (int i = 0; i < 32; ++i)
-          if (x[i / 2 % 2] > 64 * hh + 8 * (i / 4) + i % 2) st[hh][i] = -INFINITY;
+          for (int i = 0; i < 32; ++i)
+            if (mask.masked(key0 + g + 8 * (i / 2 % 2), 64 * hh + 8 * (i / 4) + 2 * t + i % 2)) st[hh][i] = -INFINITY;
+      }
     }
     // D: at d = 128 read here, at d = 64 where dSᵀ uses it (there its 32 registers would push the
     // step past the 240 a thread has, and ptxas would serialise the wgmma: note C7512).
     float2 dd[NH == 1 ? BR / 8 : 1] = {};
     const auto d_of = [&](int n) {
       if constexpr (NH == 1) return dd[n];
-      else return *reinterpret_cast<const float2*>(Db + 8 * n);
+      else return *reinterpret_cast<const float2*>(Db + 8 * n + (kLean ? 0 : 2 * t));
     };
 #pragma unroll
     for (int n = 0; n < BR / 8; ++n) {
-      const float2 l = *reinterpret_cast<const float2*>(Lb + 8 * n);
-      if constexpr (NH == 1) dd[n] = *reinterpret_cast<const float2*>(Db + 8 * n);
+      const float2 l = *reinterpret_cast<const float2*>(Lb + 8 * n + (kLean ? 0 : 2 * t));
+      if constexpr (NH == 1) dd[n] = *reinterpret_cast<const float2*>(Db + 8 * n + (kLean ? 0 : 2 * t));
       const float lx = l.x == -INFINITY ? INFINITY : l.x * kLog2e, ly = l.y == -INFINITY ? INFINITY : l.y * kLog2e;
 #pragma unroll
       for (int e = 0; e < 4; ++e)
@@ -470,6 +502,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     // rows 16kk + 8·(j / 2) ..), j = 0..3, one stmatrix; this lane names row lane % 8 of tile
     // lane / 8.
     uint32_t ap[BR / 16][4], as[BR / 16][4];
+    const int tile_key = key0 + lane % 8 + 8 * (lane / 8 % 2), tile_col = 8 * (lane / 16);  // without kLean
 #pragma unroll
     for (int kk = 0; kk < BR / 16; ++kk)
 #pragma unroll
@@ -485,7 +518,10 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
         ap[kk][2 * hf + 1] = pack<T>(p[2], p[3]);
         as[kk][2 * hf] = pack<T>(s[0], s[1]);
         as[kk][2 * hf + 1] = pack<T>(s[2], s[3]);
-        if (hf == 1) stmatrix_x4(ds_row[kk % 4] + (kk / 4) * BC * 128, as[kk]);  // panel_at<BC>(tile_key, 16kk + tile_col)
+        if (hf == 1) {
+          if constexpr (kLean) stmatrix_x4(ds_row[kk % 4] + (kk / 4) * BC * 128, as[kk]);  // panel_at<BC>(tile_key, 16kk + tile_col)
+          else stmatrix_x4(ds_s + panel_at<BC>(tile_key, 16 * kk + tile_col), as[kk]);
+        }
       }
 
     // dV_j += Pᵀ dO_i (dK_j += dSᵀ Q_i comes after dQ, below): k-step kk is query rows 16kk..,
@@ -523,10 +559,12 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     // Once the writer has read the tile this step reuses (kStages steps ago), element i of dq goes
     // to its row r0 + 16·wr + g + 8·((i/2) % 2), column c0 + 8·(i/4) + 2t + i%2, where (r0, c0) is
     // (64·wg, 0) at d = 64 and (0, 64·wg) at d = 128.
-    const int sb = buf;  // the staging tile, step % kStages
-    if (step >= C::kStages) tma::mbar_wait(empty(sb), ph ^ 1u);  // (step / kStages − 1) % 2
+    const int sb = kLean ? buf : step % C::kStages;  // the staging tile, step % kStages
+    if (step >= C::kStages) tma::mbar_wait(empty(sb), kLean ? ph_c ^ 1u : (step / C::kStages - 1) & 1);  // (step / kStages − 1) % 2
     if constexpr (C::kTensorAdds) {  // column 8n + 2t is in panel n, row r at 8·r floats into it
-      float* const tile = dQs + sb * C::kTileFloats + dq_at[0];  // + (64·wg + 16·wr + g)·kPanel + 2t
+      float* tile;
+      if constexpr (kLean) tile = dQs + sb * C::kTileFloats + dq_at[0];  // + (64·wg + 16·wr + g)·kPanel + 2t
+      else tile = dQs + sb * C::kTileFloats + (64 * wg + 16 * wr + g) * C::kPanel + 2 * t;
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         *reinterpret_cast<float2*>(tile + n * BR * C::kPanel) = make_float2(dq[4 * n], dq[4 * n + 1]);
@@ -537,11 +575,12 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
       // the two rows of a pair (d floats apart, the same banks) fall in banks 16 apart.
       // tile + 8·(odd ? m : n), tile = dQs + sb·kTileFloats + C::at(16·wr + g) + 64·wg + 2t
       float* const tile = dQs + sb * C::kTileFloats;
+      float* const tile16 = tile + C::at(16 * wr + g) + 64 * wg + 2 * t;  // without kLean (v16's tile)
       const bool odd = g & 1;
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         const int m = (n + 2) % 8;
-        float* const dst = tile + dq_at[n / 6] + 8 * n;
+        float* const dst = kLean ? tile + dq_at[n / 6] + 8 * n : tile16 + 8 * (odd ? m : n);
         *reinterpret_cast<float2*>(dst) = odd ? make_float2(dq[4 * m], dq[4 * m + 1]) : make_float2(dq[4 * n], dq[4 * n + 1]);
         *reinterpret_cast<float2*>(dst + (C::at(8) - C::at(0))) =
             odd ? make_float2(dq[4 * m + 2], dq[4 * m + 3]) : make_float2(dq[4 * n + 2], dq[4 * n + 3]);
@@ -551,7 +590,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
     __syncwarp();
     if (lane == 0) tma::mbar_arrive(full(sb));  // the warp's share, to the writer
     h = h_next, ib = ib_next;
-    ph ^= uint32_t(buf), buf ^= 1;  // the phase moves on after buffer 1
+    if constexpr (kLean) ph_c ^= uint32_t(buf_c), buf_c ^= 1;  // the phase moves on after buffer 1
   }
   wait<0>();  // the last step's dK
 #pragma unroll
