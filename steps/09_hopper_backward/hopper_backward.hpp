@@ -38,9 +38,9 @@
 //                     rows store their column groups in a rotated order.
 //   v16_split_tail    v15 whose last wave's K/V blocks, not causal and not in the deterministic
 //                     mode, are cut into pieces along their Q steps, so that no SM idles at the end.
-//   v17_lean_steps    v16 whose consumers' step does less integer bookkeeping: the warpgroup known
-//                     to be warp-uniform, buffer and phase carried, offsets and the mask's steps
-//                     worked out once (rung 08's v17 for the backward).
+//   v17_lean_steps    v16 whose consumers' step, at d = 128, does less integer bookkeeping: the
+//                     warpgroup known to be warp-uniform, buffer and phase carried, offsets and the
+//                     mask's steps worked out once (rung 08's v17 for the backward); at d = 64 v16's.
 //
 // The algorithm, the numerics, the CPU twin and the IO model are rung 07's (its tensor-core
 // versions' twin with this rung's block of 128 keys); the forward these versions pair with is

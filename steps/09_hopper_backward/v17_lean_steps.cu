@@ -19,7 +19,7 @@
 // offsets (`ds_row`, `ld_at`, `dq_at`) worked out once and passed through empty asm statements,
 // which the compiler would otherwise work out again in every step.
 //
-// At d = 128 only (`kLean` and `kLeanMask` in the kernel); at d = 64 the kernel is v16's, the same
+// At d = 128 only (`kLean` in the kernel); at d = 64 the kernel is v16's, the same
 // SASS instruction for instruction. The whole change ran 1.02–1.04× v16 at d = 128 but 0.93–0.95×
 // at d = 64 N = 1024 not causal (runs 145–146, H200). Each change alone at d = 64 (run 147, the
 // default mode, 16 × 16 × 1024): the pinned base (`asm volatile` on `base_`) 0.935× v16, `mask_end`
@@ -174,11 +174,11 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   using namespace fl::wgmma;
   using C = Cfg<D>;
   constexpr int BC = C::BC, BR = C::BR, kMma = C::kMma, P = D / 64, NH = C::NH;  // P: 64-column panels of d
-  // Where v17's changes apply (the header says why d = 128 only). kLean: the aligned base, `wgu`,
-  // the descriptors' low words (`kept`), this thread's offsets (`ds_row`, `ld_at`, `dq_at`), and
-  // `buf` and `ph` carried through the loop. kLeanMask: the mask's steps worked out once a tile
-  // (`mask_end`) and its element test against a constant. Where false, v16's code, unchanged.
-  constexpr bool kLean = D == 128, kLeanMask = D == 128;
+  // Where v17's changes apply (the header says why d = 128 only): the aligned base, `wgu`, the
+  // descriptors' low words (`kept`), this thread's offsets (`ds_row`, `ld_at`, `dq_at`), `buf` and
+  // `ph` carried through the loop, the mask's steps worked out once a tile (`mask_end`) and its
+  // element test against a constant. Where false, v16's code, unchanged.
+  constexpr bool kLean = D == 128;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // wgmma's 128-byte swizzle repeats every 1024 bytes: every tile starts on such a boundary.
   const uint32_t raw = smem_u32(smem_raw);
@@ -377,8 +377,8 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
   // The steps the mask touches, worked out once in 64 bits: StepMask's any() at step (h, ib) is
   // keys < BC, or (causal) ib·BR < y with y = BC − 1 − (ib0·BR + off − j0), that is
   // ib < mask_end below (ib is never negative). Its limits are still worked out at those steps.
-  int mask_end = 0;  // used only with kLeanMask
-  if constexpr (kLeanMask) {
+  int mask_end = 0;  // used only with kLean
+  if constexpr (kLean) {
     const int64_t y = int64_t(BC - 1) - (int64_t(walk.ib0) * BR + off - j0);
     mask_end = nk - j0 < BC ? INT_MAX : !causal || y <= 0 ? 0 : int(std::min<int64_t>((y - 1) / BR + 1, INT_MAX));
     asm volatile("" : "+r"(mask_end));  // opaque to the compiler: kept out of the loop
@@ -451,7 +451,7 @@ backward_wgmma_kernel(const T* __restrict__ q, const T* __restrict__ k, const T*
 
     // Pᵀ in place. Element i of half hh is key key0 + g + 8·((i/2) % 2), query row
     // 64·hh + 8·(i/4) + 2t + i%2; below, n = 8·hh + i/4 counts the 8-row groups of the block.
-    if constexpr (kLeanMask) {
+    if constexpr (kLean) {
       if (ib < mask_end) {  // mask.any()
         const StepMask mask(j0, i0, nk, off, BC, BR, causal);
         // mask.masked(kb, rb): kb >= keys, or kb − rb > diag. The element's row rb is 2t + c, c a
