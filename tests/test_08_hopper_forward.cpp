@@ -168,7 +168,7 @@ void expect_split_tail_same_bits(const std::string& name,
 TEST(Hopper, SplitTailGivesTheSameBitsEveryRun) {
   for (const char* name : {"08_hopper_forward/v13_split_tail", "08_hopper_forward/v14_flat_tiles",
                            "08_hopper_forward/v15_consumer_ends", "08_hopper_forward/v16_half_ends",
-                           "08_hopper_forward/v17_lean_steps"})
+                           "08_hopper_forward/v17_lean_steps", "08_hopper_forward/v18_early_lse"})
     expect_split_tail_same_bits(name);
 }
 
@@ -268,6 +268,20 @@ TEST(Hopper, LeanStepsMatchOracleAndV16) {
   shapes.push_back(make_shape(2, 5, 5, 200, 1025, 128, false));
   expect_oracle_and_values_of("08_hopper_forward/v17_lean_steps", "08_hopper_forward/v16_half_ends", shapes,
                               base_seed() + 4400);
+}
+
+// v18 moves the end of a d = 128 tile (the quad's row sums, 1/l, lse) under its last P·V: the
+// same arithmetic in another place, so its output must be v17's on every kind of tile it has.
+TEST(Hopper, EarlyLseMatchesOracleAndV17) {
+  std::vector<AttentionShape> shapes = consumer_end_shapes();
+  shapes.push_back(make_shape(2, 3, 1, 777, 333, 128, true));
+  shapes.push_back(make_shape(1, 8, 2, 2100, 1500, 128, false));
+  shapes.push_back(make_shape(4, 8, 2, 1024, 1000, 64, false));
+  shapes.push_back(make_shape(2, 5, 5, 200, 1025, 128, false));
+  shapes.push_back(make_shape(2, 4, 4, 1024, 1024, 128, false));
+  shapes.push_back(make_shape(2, 4, 2, 1024, 1024, 64, true));
+  expect_oracle_and_values_of("08_hopper_forward/v18_early_lse", "08_hopper_forward/v17_lean_steps", shapes,
+                              base_seed() + 4500);
 }
 
 // v10 counts a head's 192-row tiles (d = 64) from its last row (Tiling::from_end): the partial

@@ -42,6 +42,8 @@
 //                alone where its rows see no more, as a step after the loop.
 //   v17_lean_steps  the consumer's loop step with less bookkeeping: warp-uniform role, buffer and
 //                phase carried, the mask's test and limits worked out once a tile in 32 bits.
+//   v18_early_lse  at d = 128, a tile's row sums, 1/ℓ and lse worked out under its last P·V,
+//                which they do not need, instead of after it.
 //
 // The numerics are rung 06's (fp32 accumulation, P rounded to the input type before P·V, O
 // rounded once), so its twin is rung 06's numerics twin with this rung's block sizes.
@@ -58,7 +60,7 @@ namespace fl::hopper {
 
 enum class Version { V1Wgmma, V2Overlap, V3Tma, V4WarpSpecialized, V5Persistent, V6WideQk, V7Descriptors, V8ShortChains,
                      V9ThreeConsumers, V10EndAligned, V11TmaStore, V12SplitKv,
-                     V13SplitTail, V14FlatTiles, V15ConsumerEnds, V16HalfEnds, V17LeanSteps };
+                     V13SplitTail, V14FlatTiles, V15ConsumerEnds, V16HalfEnds, V17LeanSteps, V18EarlyLse };
 
 struct VersionInfo {
   Version version;
@@ -112,14 +114,17 @@ inline constexpr VersionInfo kVersions[] = {
     {Version::V17LeanSteps, "08_hopper_forward/v17_lean_steps",
      "v16 + the consumer's loop step with less integer bookkeeping on its serial chain: its role warp-uniform, "
      "the buffer and phase carried from step to step, the mask's test and limits worked out once a tile in 32 bits"},
+    {Version::V18EarlyLse, "08_hopper_forward/v18_early_lse",
+     "v17 + the row sums, 1/l and lse of a d = 128 tile worked out under its last P*V instead of after it"},
 };
 constexpr const VersionInfo& info(Version v) { return kVersions[int(v)]; }
-static_assert(int(Version::V17LeanSteps) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
+static_assert(int(Version::V18EarlyLse) + 1 == int(std::size(kVersions)), "a VersionInfo for every version, in order");
 // The newest version, the fastest or level with the fastest on every cell of chapter 08's grid:
 // v15 was within 0.5 % of the fastest of v7, v14 and v15 (run 132), v16 is v15's code but for
-// the causal d = 64 kernels (one a dtype), where it gains (run 138), and v17 is 1.01–1.08× v16 on
-// every cell (run 142, H200). It is the forward rung 09 pairs with and rung 11's steps run; a new
-// version moves every one of them by being added last.
+// the causal d = 64 kernels (one a dtype), where it gains (run 138), v17 is 1.01–1.08× v16 on
+// every cell (run 142, H200), and v18 is v17's code at d = 64 and 1.00–1.03× v17 at d = 128 (run
+// 151, H200). It is the forward rung 09 pairs with and rung 11's steps run; a new version moves
+// every one of them by being added last.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
