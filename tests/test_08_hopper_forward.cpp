@@ -271,7 +271,9 @@ TEST(Hopper, LeanStepsMatchOracleAndV16) {
 }
 
 // v18 moves the end of a d = 128 tile (the quad's row sums, 1/l, lse) under its last P·V: the
-// same arithmetic in another place, so its output must be v17's on every kind of tile it has.
+// same arithmetic in another place, so its output must be v17's. The d = 128 shapes take the
+// pairs walk (with rows that see no key: causal, Nq > Nk) and the split one, whose kernel is v17's;
+// the d = 64 shapes run v17's kernels and check that v18 dispatches to them.
 TEST(Hopper, EarlyLseMatchesOracleAndV17) {
   std::vector<AttentionShape> shapes = consumer_end_shapes();
   shapes.push_back(make_shape(2, 3, 1, 777, 333, 128, true));

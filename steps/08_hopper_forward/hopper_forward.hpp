@@ -123,8 +123,8 @@ static_assert(int(Version::V18EarlyLse) + 1 == int(std::size(kVersions)), "a Ver
 // v15 was within 0.5 % of the fastest of v7, v14 and v15 (run 132), v16 is v15's code but for
 // the causal d = 64 kernels (one a dtype), where it gains (run 138), v17 is 1.01–1.08× v16 on
 // every cell (run 142, H200), and v18 is 1.01–1.03× v17 on the d = 128 cells that run its change
-// (those that do not split) and v17's code elsewhere (run 151, H200). It is the forward rung 09 pairs with and rung 11's steps run; a new version moves
-// every one of them by being added last.
+// (those that do not split) and v17's code elsewhere (run 151, H200). It is the forward rung 09
+// pairs with and rung 11's steps run; a new version moves every one of them by being added last.
 inline constexpr const char* kNewest = kVersions[std::size(kVersions) - 1].name;
 
 // Query rows and keys per block, which the twin follows so that its IO count is the kernel's:
